@@ -1,0 +1,116 @@
+"""Sessions of the Twinkle workspace: one per distribution, plus lint, layering, wheels, benches.
+
+Every session installs from the committed ``uv.lock`` (``--frozen``), so CI tests
+exactly the versions a developer locked. ``nox`` runs the default sessions;
+``nox -s mesh`` runs one package alone (a CI matrix can fan out over them).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.error_on_missing_interpreters = True
+
+ROOT = Path(__file__).parent
+PACKAGES = ["mesh", "data", "kernels", "models", "rl", "server", "client", "kit"]
+# Extras a package's own tests need beyond its dependencies and its "test" group.
+TEST_EXTRAS = {"mesh": ["torch"]}
+# The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
+UV = (sys.executable, "-m", "uv")
+# These machines set PYTHONDONTWRITEBYTECODE, so every process (each torchrun rank) would
+# recompile torch's imports: seconds each. An empty value lets Python cache bytecode again,
+# lazily, for the modules a session really imports.
+BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": ""}
+
+
+def uv_sync(session: nox.Session, *args: str) -> None:
+    """Install the locked workspace selection into this session's venv."""
+    session.env.update(BYTECODE_ENV)
+    env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
+    session.run_install(
+        *UV, "sync", "--frozen", "--no-default-groups", *args, env=env, external=True
+    )
+
+
+def package_session(short: str):
+    def run(session: nox.Session) -> None:
+        extras = [f"--extra={e}" for e in TEST_EXTRAS.get(short, [])]
+        selection = ["--all-packages"] if short == "kit" else [f"--package=twinkle-{short}"]
+        uv_sync(session, *selection, "--group=test", *extras)
+        tests = ROOT / "packages" / f"twinkle-{short}" / "tests"
+        session.run("python", "-m", "pytest", str(tests), *session.posargs)
+
+    run.__doc__ = f"Tests of twinkle-{short}, in a venv with only what it declares."
+    return run
+
+
+for _short in PACKAGES:
+    nox.session(name=_short)(package_session(_short))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole workspace."""
+    uv_sync(session, "--only-group=lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_backend="none")
+def imports(session: nox.Session) -> None:
+    """The one-way dependency rule of DESIGN.md §1, checked from the import statements."""
+    session.run(sys.executable, str(ROOT / "tools" / "check_imports.py"), str(ROOT))
+
+
+def _build_wheels(session: nox.Session, *packages: str) -> list[str]:
+    out = Path(session.create_tmp()) / "dist"
+    selection = [f"--package=twinkle-{p}" for p in packages] or ["--all-packages"]
+    for flag in selection:
+        session.run(*UV, "build", "--wheel", "--out-dir", str(out), flag, external=True)
+    return sorted(str(p) for p in out.glob("*.whl"))
+
+
+def _install_wheels(session: nox.Session, wheels: list[str], package: str | None) -> None:
+    """Install built wheels with third-party versions pinned by the lock."""
+    pins = Path(session.create_tmp()) / "pins.txt"
+    selection = [f"--package={package}"] if package else ["--all-packages"]
+    session.run(
+        *UV, "export", "--quiet", "--frozen", "--no-emit-workspace", "--no-dev", "--no-hashes",
+        "--all-extras", *selection, "-o", str(pins), external=True,
+    )  # fmt: skip
+    session.install("-r", str(pins), *wheels)
+
+
+def _import_check(session: nox.Session, *flags: str) -> None:
+    # Run from a temp dir so the workspace sources cannot shadow the installed wheels.
+    session.chdir(session.create_tmp())
+    session.run("python", str(ROOT / "tools" / "import_all.py"), str(ROOT), *flags)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every distribution, install the wheels into a fresh venv, import every subpackage."""
+    built = _build_wheels(session)
+    _install_wheels(session, built, None)
+    _import_check(session, "--from-site-packages")
+
+
+@nox.session(name="client-no-torch")
+def client_no_torch(session: nox.Session) -> None:
+    """twinkle-client and twinkle-mesh install and import on a laptop without torch."""
+    built = _build_wheels(session, "mesh", "client")
+    _install_wheels(session, built, "twinkle-client")
+    _import_check(
+        session, "--from-site-packages", "--only=twinkle-mesh,twinkle-client", "--no-torch"
+    )
+
+
+@nox.session(name="bench-mesh", default=False)
+def bench_mesh(session: nox.Session) -> None:
+    """Cost of a local-mode @remote_function call against a plain method call."""
+    uv_sync(session, "--package=twinkle-mesh")
+    session.run("python", str(ROOT / "benchmarks" / "bench_mesh.py"), *session.posargs)

@@ -1,0 +1,1 @@
+"""Datasets built on Hugging Face `datasets`: loading, mapping, encoding, mixing and packing."""

@@ -1,0 +1,1 @@
+"""Resolve model, tokenizer and dataset ids (`ms://`, `hf://`, local, bundled) to folders."""

@@ -1,0 +1,1 @@
+"""Preprocessors that turn raw dataset rows into Trajectories."""

@@ -1,0 +1,1 @@
+"""InputProcessor: pads or packs lists of InputFeatures into model tensors."""

@@ -1,0 +1,1 @@
+"""Chat templates: Trajectory in, InputFeature (input_ids, labels, position_ids) out."""

@@ -1,0 +1,1 @@
+"""Ops with a torch reference implementation and registered fast paths."""

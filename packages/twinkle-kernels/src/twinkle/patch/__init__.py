@@ -1,0 +1,1 @@
+"""Patches applied to Hugging Face models (padding-free attention, linear attention, ...)."""

@@ -1,0 +1,1 @@
+"""Loss functions: cross entropy, RL losses, embedding losses."""

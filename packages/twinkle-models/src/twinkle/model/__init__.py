@@ -1,0 +1,1 @@
+"""TwinkleModel and its backends, and the parallel strategies applied to them."""

@@ -1,0 +1,1 @@
+"""Advantage estimators (GRPO and friends)."""

@@ -1,0 +1,1 @@
+"""Weight sync from the trained model to the sampler."""

@@ -1,0 +1,1 @@
+"""Samplers (Torch, vLLM): prompts in, SampleResponses out."""

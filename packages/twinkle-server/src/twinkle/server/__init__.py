@@ -1,0 +1,1 @@
+"""The multi-tenant training service and the `twinkle-server` command."""
