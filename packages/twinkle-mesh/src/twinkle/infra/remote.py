@@ -1,0 +1,159 @@
+"""``@remote_class`` and ``@remote_function``: mark components and methods that can run remotely.
+
+In local mode the marks cost nothing at call time. ``remote_function`` only
+attaches a :class:`RemoteSpec` to the function and returns the same function
+object, so calling a marked method is a plain method call. ``remote_class``
+touches construction alone: it strips the ``remote_group=`` keyword before the
+user's ``__init__`` runs and keeps it as ``self.remote_group``. It wraps the
+class's ``__init__`` (and, through ``__init_subclass__``, the ``__init__`` of
+every subclass that defines one) rather than replacing the class, so the class
+object, its MRO, ``super()`` and pickling stay exactly as the user wrote them.
+
+``_intercept_construction`` is the one place that changes how a remote class
+is built. Ray mode will hook in there, with a ``__new__`` that returns a proxy
+instead of an instance when a ``remote_group`` is given.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from twinkle.infra.collect import Collector, check_collect_mode
+from twinkle.infra.dispatch import Dispatcher, check_dispatch_mode
+
+EXECUTE_MODES = ("first", "all")
+_STRIPS_REMOTE_GROUP = "__twinkle_strips_remote_group__"
+
+C = TypeVar("C", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class RemoteSpec:
+    """How a method runs on a component's workers: the ``@remote_function`` arguments.
+
+    ``lazy_collect=None`` means the default given to ``twinkle.initialize``.
+    """
+
+    dispatch: str | Dispatcher = "slice"
+    execute: str = "all"
+    collect: str | Collector = "none"
+    sync: bool = False
+    lazy_collect: bool | None = None
+
+
+@dataclass(frozen=True)
+class RemoteClassSpec:
+    """Where a component is built: on the first worker of its group, or on every worker."""
+
+    execute: str = "first"
+
+
+def _check_execute(execute: str) -> None:
+    if execute not in EXECUTE_MODES:
+        raise ValueError(
+            f"unknown execute mode {execute!r}; use one of {', '.join(map(repr, EXECUTE_MODES))}"
+        )
+
+
+def remote_function(
+    *,
+    dispatch: str | Dispatcher = "slice",
+    execute: str = "all",
+    collect: str | Collector = "none",
+    sync: bool = False,
+    lazy_collect: bool | None = None,
+) -> Callable[[F], F]:
+    """Mark a method of a remote class: how inputs are dispatched and outputs collected.
+
+    The modes are checked here, at decoration time. The decorated function is
+    returned unchanged, with the spec in ``fn.__twinkle_remote__``.
+    """
+    check_dispatch_mode(dispatch)
+    _check_execute(execute)
+    check_collect_mode(collect)
+    if not isinstance(sync, bool):
+        raise TypeError(f"sync must be True or False, got {sync!r}")
+    if lazy_collect is not None and not isinstance(lazy_collect, bool):
+        raise TypeError(f"lazy_collect must be True, False or None, got {lazy_collect!r}")
+    spec = RemoteSpec(dispatch, execute, collect, sync, lazy_collect)
+
+    def mark(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"@remote_function(...) decorates a method, got {fn!r}")
+        fn.__twinkle_remote__ = spec
+        return fn
+
+    return mark
+
+
+def _check_remote_group(remote_group: object) -> None:
+    if not isinstance(remote_group, str):
+        raise TypeError(
+            f"remote_group must be the name of a DeviceGroup (a str), got {remote_group!r}"
+        )
+
+
+def _strip_remote_group(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap ``__init__`` so that it takes ``remote_group=`` and keeps it on the instance."""
+    if getattr(init, _STRIPS_REMOTE_GROUP, False):
+        return init
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, remote_group: str | None = None, **kwargs: Any) -> None:
+        # A subclass's wrapper runs first and records the group; the base wrappers it
+        # reaches through super().__init__ see remote_group=None and leave it alone.
+        if remote_group is not None:
+            _check_remote_group(remote_group)
+            self.remote_group = remote_group
+        init(self, *args, **kwargs)
+
+    setattr(__init__, _STRIPS_REMOTE_GROUP, True)
+    return __init__
+
+
+def _intercept_construction(cls: type) -> None:
+    """Wrap ``cls.__init__`` now and each subclass's own ``__init__`` when it is defined."""
+    cls.remote_group = None
+    cls.__init__ = _strip_remote_group(cls.__init__)
+    previous = cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(sub: type, **kwargs: Any) -> None:
+        if previous is None:
+            super(cls, sub).__init_subclass__(**kwargs)
+        else:
+            previous.__get__(None, sub)(**kwargs)
+        if "__init__" in sub.__dict__:
+            sub.__init__ = _strip_remote_group(sub.__init__)
+
+    cls.__init_subclass__ = classmethod(__init_subclass__)
+
+
+def remote_class(*, execute: str = "first") -> Callable[[C], C]:
+    """Mark a component class that Ray and HTTP modes can build on a DeviceGroup's workers.
+
+    ``execute='first'`` builds one instance on the group's first worker
+    (datasets, dataloaders); ``'all'`` builds one on every worker (models).
+    Every constructor of the class and its subclasses accepts ``remote_group=``
+    (the DeviceGroup name), stored as ``self.remote_group`` (None when not
+    given) before the user's ``__init__`` runs. In local mode, or without
+    ``remote_group``, the object is built in process: ``A(...)`` is an ``A``.
+    A subclass that overrides ``__init_subclass__`` must call
+    ``super().__init_subclass__()`` for its own subclasses to accept
+    ``remote_group``.
+    """
+    _check_execute(execute)
+    spec = RemoteClassSpec(execute)
+
+    def mark(cls: C) -> C:
+        if not isinstance(cls, type):
+            raise TypeError(f"@remote_class(...) decorates a class, got {cls!r}")
+        if getattr(cls, "__twinkle_remote_class__", None) is None:
+            _intercept_construction(cls)
+        cls.__twinkle_remote_class__ = spec
+        return cls
+
+    return mark

@@ -1,0 +1,144 @@
+"""collect(): how per-worker results become one value, for every mode, without Ray."""
+
+import numpy as np
+import pytest
+
+from twinkle.infra import collect
+from twinkle.mesh import DeviceMesh
+
+
+def test_none_returns_the_list_as_is():
+    results = [{"a": 1}, None, [3]]
+    assert collect("none", results) == results
+
+
+def test_first_returns_worker_0():
+    assert collect("first", [{"loss": 1.0}, {"loss": 2.0}]) == {"loss": 1.0}
+
+
+def test_flatten_concatenates_lists_in_worker_order():
+    assert collect("flatten", [[1, 2], [3], [], [4]]) == [1, 2, 3, 4]
+
+
+def test_flatten_keeps_tuples_as_tuples():
+    assert collect("flatten", [(1,), (2, 3)]) == (1, 2, 3)
+
+
+def test_flatten_joins_numpy_arrays_along_axis_0():
+    out = collect("flatten", [np.ones((2, 3)), np.zeros((1, 3))])
+    assert out.shape == (3, 3)
+    np.testing.assert_array_equal(out[:, 0], [1, 1, 0])
+
+
+def test_flatten_goes_through_nested_dicts_and_gathers_scalars():
+    results = [
+        {"logps": [[0.1], [0.2]], "stats": {"tokens": np.array([5, 6]), "loss": 0.5}},
+        {"logps": [[0.3]], "stats": {"tokens": np.array([7]), "loss": 0.7}},
+    ]
+    out = collect("flatten", results)
+    assert out["logps"] == [[0.1], [0.2], [0.3]]
+    np.testing.assert_array_equal(out["stats"]["tokens"], [5, 6, 7])
+    assert out["stats"]["loss"] == [0.5, 0.7]
+
+
+def test_flatten_of_scalars_is_one_entry_per_worker_and_of_nones_is_none():
+    assert collect("flatten", [1.5, 2.5, "x"]) == [1.5, 2.5, "x"]
+    assert collect("flatten", [None, None]) is None
+
+
+def test_flatten_with_fewer_items_than_workers_drops_nothing():
+    assert collect("flatten", [["a"], ["b"], [], []]) == ["a", "b"]
+
+
+def test_flatten_rejects_workers_that_disagree():
+    with pytest.raises(TypeError, match=r"disagree at result\['x'\].*worker 1 returned float"):
+        collect("flatten", [{"x": [1]}, {"x": 2.0}])
+    with pytest.raises(ValueError, match="keys"):
+        collect("flatten", [{"a": [1]}, {"b": [1]}])
+    with pytest.raises(ValueError, match=r"shapes per worker: \[\(1, 2\), \(1, 3\)\]"):
+        collect("flatten", [np.ones((1, 2)), np.ones((1, 3))])
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("sum", 6), ("mean", 2.0)])
+def test_mean_and_sum_of_numbers(mode, expected):
+    out = collect(mode, [1, 2, 3])
+    assert out == expected
+    assert isinstance(out, float) == (mode == "mean")
+
+
+def test_mean_and_sum_recurse_through_dicts_lists_and_arrays():
+    results = [
+        {"loss": 1.0, "acc": np.float32(0.5), "per_layer": [1.0, np.array([1.0, 3.0])]},
+        {"loss": 3.0, "acc": np.float32(1.0), "per_layer": [3.0, np.array([3.0, 5.0])]},
+    ]
+    mean = collect("mean", results)
+    assert mean["loss"] == 2.0
+    assert mean["acc"] == pytest.approx(0.75)
+    assert mean["per_layer"][0] == 2.0
+    np.testing.assert_allclose(mean["per_layer"][1], [2.0, 4.0])
+    total = collect("sum", results)
+    np.testing.assert_allclose(total["per_layer"][1], [4.0, 8.0])
+    np.testing.assert_allclose(results[0]["per_layer"][1], [1.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [("ok", "str"), (None, "NoneType"), (True, "bool"), (np.array("a"), "<U1")],
+)
+def test_mean_over_a_non_number_names_the_key_path_and_type(bad, shown):
+    results = [{"metrics": {"acc": 1.0}}, {"metrics": {"acc": bad}}]
+    with pytest.raises(TypeError) as info:
+        collect("mean", results)
+    message = str(info.value)
+    assert "result['metrics']['acc']" in message
+    assert f"worker 1 returned {shown}" in message
+
+
+def test_sum_rejects_mismatched_lengths_and_shapes():
+    with pytest.raises(ValueError, match=r"different length per worker: \[2, 1\]"):
+        collect("sum", [[1, 2], [3]])
+    with pytest.raises(ValueError, match="different shape per worker"):
+        collect("sum", [np.ones(2), np.ones(3)])
+
+
+def test_last_pp_takes_one_result_per_data_rank_from_the_last_stage():
+    mesh = DeviceMesh.from_sizes(pp_size=2, dp_size=2, tp_size=2, device_type="cpu")
+    results = [[f"rank{r}"] for r in range(8)]
+    # last stage = ranks 4..7; its first tp peers are rank 4 (dp 0) and rank 6 (dp 1)
+    assert collect("last_pp", results, mesh) == ["rank4", "rank6"]
+
+
+def test_last_pp_with_one_data_rank_returns_that_result_as_is():
+    mesh = DeviceMesh.from_sizes(pp_size=2, tp_size=2, device_type="cpu")
+    results = [None, None, {"logits": [1]}, {"logits": [2]}]
+    assert collect("last_pp", results, mesh) == {"logits": [1]}
+
+
+def test_last_pp_counts_ulysses_peers_once():
+    mesh = DeviceMesh.from_sizes(dp_size=4, ulysses_size=2, device_type="cpu")
+    assert collect("last_pp", [[0], [1], [2], [3]], mesh) == [0, 2]
+
+
+def test_last_pp_needs_a_matching_mesh():
+    with pytest.raises(ValueError, match="needs the component's device_mesh"):
+        collect("last_pp", [[1]])
+    mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")
+    with pytest.raises(ValueError, match="3 results for a device_mesh of world_size 2"):
+        collect("last_pp", [[1], [2], [3]], mesh)
+
+
+def test_a_collect_function_receives_all_results_and_the_mesh():
+    mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")
+    assert collect(lambda results, m: (max(results), m), [3, 9], mesh) == (9, mesh)
+
+
+def test_unknown_mode_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="'none', 'flatten', 'mean', 'sum', 'first', 'last_pp'"):
+        collect("avg", [1])
+
+
+def test_results_must_be_a_non_empty_list():
+    with pytest.raises(TypeError, match="one entry per worker"):
+        collect("first", {"a": 1})
+    with pytest.raises(ValueError, match="no results"):
+        collect("mean", [])
