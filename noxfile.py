@@ -112,5 +112,28 @@ def client_no_torch(session: nox.Session) -> None:
 @nox.session(name="bench-mesh", default=False)
 def bench_mesh(session: nox.Session) -> None:
     """Cost of a local-mode @remote_function call against a plain method call."""
-    uv_sync(session, "--package=twinkle-mesh")
-    session.run("python", str(ROOT / "benchmarks" / "bench_mesh.py"), *session.posargs)
+    _run_benchmarks(session, "twinkle-mesh", "bench_mesh.py")
+
+
+def _run_benchmarks(session: nox.Session, package: str, *scripts: str) -> None:
+    uv_sync(session, f"--package={package}")
+    for script in scripts:
+        session.run("python", str(ROOT / "benchmarks" / script), *session.posargs)
+
+
+@nox.session(name="bench-data", default=False)
+def bench_data(session: nox.Session) -> None:
+    """Encode throughput, packing efficiency and DataLoader resume cost."""
+    _run_benchmarks(
+        session,
+        "twinkle-data",
+        "bench_data_encode.py",
+        "bench_data_packing.py",
+        "bench_data_resume.py",
+    )
+
+
+@nox.session(name="bench-model", default=False)
+def bench_model(session: nox.Session) -> None:
+    """Model step overhead and memory against plain PyTorch, and chunked cross-entropy memory."""
+    _run_benchmarks(session, "twinkle-models", "bench_model_chunked_ce.py")

@@ -18,7 +18,10 @@ class InputFeature(DataModel):
     """One encoded sequence: the output of ``Template.encode``, the input of an
     InputProcessor, and (as ``new_input_feature``) the prompt plus a sampled completion.
 
-    ``labels`` hold -100 outside the loss. Lists become int64 numpy arrays; numpy arrays
+    ``labels`` hold -100 outside the loss and are NOT shifted: ``labels[i]`` is the token
+    at position ``i`` (normally ``input_ids[i]``), and the loss predicts it from the logits
+    at ``i - 1``. Every producer (Template, Sampler) and consumer (Loss) follows this, as
+    Hugging Face models do. Lists become int64 numpy arrays; numpy arrays
     and tensors are kept as given. ``labels``, ``position_ids`` and ``attention_mask`` must
     have as many tokens (last axis) as ``input_ids``; ``length`` is that token count,
     derived when omitted. ``messages``, ``tools`` and ``user_data`` carry the trajectory
