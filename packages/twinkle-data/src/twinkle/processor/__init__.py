@@ -1,1 +1,6 @@
-"""InputProcessor: pads or packs lists of InputFeatures into model tensors."""
+"""InputProcessor: pads or packs lists of InputFeatures into model tensors, and unpacks outputs."""
+
+from twinkle.processor.input_processor import INPUT_PROCESSORS, PADDING_SIDES, InputProcessor
+from twinkle.processor.sequences import IGNORE_INDEX
+
+__all__ = ["IGNORE_INDEX", "INPUT_PROCESSORS", "PADDING_SIDES", "InputProcessor"]
