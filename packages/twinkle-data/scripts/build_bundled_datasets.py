@@ -5,8 +5,9 @@ byte-identical files:
 
 - ``self-cognition/train.jsonl``: the hand-written pairs in ``self_cognition.txt``,
   Chinese and English interleaved, as ``{"query", "response", "tag"}`` rows;
-- ``gsm8k/{train,test}.jsonl``: arithmetic word problems made from the templates
-  below with a seeded RNG, as ``{"question", "answer"}`` rows whose answer is
+- ``gsm8k/main/{train,test}.jsonl`` (a ``main`` subset, as GSM8K itself has, so
+  ``DatasetMeta(..., subset_name='main')`` works): arithmetic word problems made from the
+  templates below with a seeded RNG, as ``{"question", "answer"}`` rows whose answer is
   step-by-step reasoning with ``<<expr=value>>`` calculator notes and a final
   ``#### value`` line; every intermediate value is a whole number;
 - ``countdown/{train,test}.jsonl``: ``{"nums", "target"}`` rows, the target made
@@ -368,9 +369,9 @@ def build(output: Path) -> None:
     write_jsonl(output / "self-cognition" / "train.jsonl", self_cognition_rows())
     gsm8k = split(gsm8k_rows(sum(GSM8K_SIZES.values())), GSM8K_SIZES)
     countdown = split(countdown_rows(sum(COUNTDOWN_SIZES.values())), COUNTDOWN_SIZES)
-    for name, splits in (("gsm8k", gsm8k), ("countdown", countdown)):
+    for folder, splits in (("gsm8k/main", gsm8k), ("countdown", countdown)):
         for split_name, rows in splits.items():
-            write_jsonl(output / name / f"{split_name}.jsonl", rows)
+            write_jsonl(output / folder / f"{split_name}.jsonl", rows)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ NOTE = re.compile(r"<<([^=<>]+)=([^<>]+)>>(\S+)")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
+SUBSETS = {"gsm8k": "main"}
+
+
 def load(name: str, split: str) -> list[dict]:
-    path = resolve_dataset(f"bundled://{name}") / f"{split}.jsonl"
+    path = resolve_dataset(f"bundled://{name}") / SUBSETS.get(name, "") / f"{split}.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 

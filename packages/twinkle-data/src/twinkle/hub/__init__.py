@@ -24,9 +24,10 @@ and ``load_dataset(str(folder))`` both read):
 
 - ``self-cognition/train.jsonl``: ``{"query", "response", "tag": "zh"|"en"}``,
   with ``{{NAME}}`` and ``{{AUTHOR}}`` placeholders for the model's name and author;
-- ``gsm8k/train.jsonl``, ``gsm8k/test.jsonl``: ``{"question", "answer"}``, the
-  answer being step-by-step reasoning with ``<<a*b=c>>`` calculator notes and a
-  last line ``#### <number>``;
+- ``gsm8k/main/train.jsonl``, ``gsm8k/main/test.jsonl``: ``{"question", "answer"}``,
+  the answer being step-by-step reasoning with ``<<a*b=c>>`` calculator notes and a
+  last line ``#### <number>``; ``main`` is a subset (``subset_name='main'``), as in
+  GSM8K itself, and ``load_dataset`` also finds the splits without naming it;
 - ``countdown/train.jsonl``, ``countdown/test.jsonl``: ``{"nums": [3 or 4 ints],
   "target": int}``, the target reachable from the numbers with + - * /, each
   number used once.

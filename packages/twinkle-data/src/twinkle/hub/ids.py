@@ -92,7 +92,8 @@ def parse_id(
     scheme = _SCHEME.match(text)
     if scheme is None:
         path = Path(text).expanduser()
-        if path.exists() or not _REPO.fullmatch(text.split("@", 1)[0]):
+        explicit_path = text.startswith(("/", "./", "../", "~")) or text in (".", "..")
+        if path.exists() or explicit_path or not _REPO.fullmatch(text.split("@", 1)[0]):
             return _local(path, source, revision)
         return _hub(default_hub(), text, source, revision, bare=True)
     prefix, rest = scheme.group(1).lower(), text[scheme.end() :]
