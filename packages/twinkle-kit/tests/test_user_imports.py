@@ -14,8 +14,6 @@ import pytest
 
 IMPORTS_FILE = Path(__file__).resolve().parents[3].parent / "shared" / "seeds" / "IMPORTS.txt"
 
-DATA = "twinkle-data: datasets, templates, preprocessors, dataloader (data issue)"
-MODELS = "twinkle-models: TransformersModel, losses, metrics (model issue)"
 PARALLEL = "parallel strategies: Ulysses SP and expert parallel (torchrun issue)"
 MEGATRON = "MegatronModel backend (Megatron issue)"
 RL = "twinkle-rl: samplers, rewards, advantages, weight sync (RL issue)"
@@ -26,31 +24,17 @@ PENDING = {
     "from twinkle import init_tinker_client": TINKER,
     "from twinkle.advantage import GRPOAdvantage": RL,
     "from twinkle.checkpoint_engine import CheckpointEngineManager": RL,
-    "from twinkle.dataloader import DataLoader": DATA,
-    "from twinkle.dataset import Dataset, DatasetMeta": DATA,
-    "from twinkle.dataset import DatasetMeta": DATA,
-    "from twinkle.dataset import PackingDataset": DATA,
-    "from twinkle.dataset import PackingDataset, DatasetMeta": DATA,
-    "from twinkle.loss import InfonceLoss": MODELS,
-    "from twinkle.metric import CompletionRewardMetric": RL,
-    "from twinkle.metric import EmbeddingMetric": MODELS,
     "from twinkle.model import MegatronModel": MEGATRON,
-    "from twinkle.model import TransformersModel": MODELS,
     "from twinkle.model.megatron import MegatronModel": MEGATRON,
     "from twinkle.model.transformers.moe.expert_parallel import ExpertParallelConfig": PARALLEL,
     "from twinkle.model.transformers.strategy.sequence_parallel import SequenceParallelConfig": (
         PARALLEL
     ),
-    "from twinkle.preprocessor import SelfCognitionProcessor": DATA,
-    "from twinkle.preprocessor.llm import GSM8KProcessor": DATA,
-    "from twinkle.processor import InputProcessor": DATA,
     "from twinkle.reward import FormatReward": RL,
     "from twinkle.reward import GSM8KAccuracyReward, GSM8KFormatReward": RL,
     "from twinkle.reward.base import Reward": RL,
     "from twinkle.sampler import vLLMSampler": RL,
     "from twinkle.server.common import input_feature_to_datum": TINKER,
-    "from twinkle.template import Qwen3_5Template": DATA,
-    "from twinkle.template import Template": DATA,
     "from twinkle_client import init_tinker_client": TINKER,
     "from twinkle_client import init_twinkle_client": SERVER,
     "from twinkle_client.dataloader import DataLoader": SERVER,

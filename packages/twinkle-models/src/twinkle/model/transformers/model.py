@@ -1,0 +1,946 @@
+"""TransformersModel: a Hugging Face causal LM trained by a loop the user writes.
+
+One model holds either the full parameters as its single trainable unit, or
+any number of named peft adapters, each with its own optimizer, scheduler,
+loss, template, processor, accumulation counter and metrics (a TrainState).
+Parallel strategies (later: DDP, FSDP2, sequence parallel) are applied to the
+plain model from the DeviceMesh; this class holds no parallelism logic.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftConfig, PeftModel, get_peft_model
+from transformers import PreTrainedModel
+
+from twinkle.data_format import ModelOutput
+from twinkle.infra import get_global_device_mesh, remote_class, remote_function
+from twinkle.loss import (
+    CrossEntropyLoss,
+    build_loss,
+    chunked_logps,
+    logps_from_logits,
+    prefers_chunked,
+)
+from twinkle.mesh import DeviceMesh, Platform
+from twinkle.metric import MetricCollection, build_metric, build_train_metrics
+from twinkle.model.base import TwinkleModel
+from twinkle.model.checkpoint import (
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    SCHEDULER_FILE,
+    TRAINER_STATE,
+    CheckpointError,
+    CheckpointRecord,
+    atomic_folder,
+    check_name,
+    library_versions,
+    load_state_dict,
+    read_record,
+    write_record,
+)
+from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
+from twinkle.model.precision import autocast, resolve_precision
+from twinkle.model.rng_state import capture_rng_state, restore_rng_state
+from twinkle.model.train_state import FULL_MODEL, TrainState
+from twinkle.model.transformers.loading import load_causal_lm
+from twinkle.model.transformers.merge import merged_state_dict
+from twinkle.model.transformers.weights import (
+    load_adapter_weights,
+    load_full_weights,
+    save_adapter,
+    save_full,
+)
+from twinkle.module import build_lr_scheduler, build_optimizer
+from twinkle.processor import InputProcessor
+from twinkle.template import build_template
+from twinkle.utils import get_logger
+
+logger = get_logger()
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+TASKS = ("causal_lm", "embedding")
+
+
+def _check_accumulation_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+    return steps
+
+
+def _default_device() -> torch.device:
+    device_type = Platform.detect_device_type()
+    if device_type in ("cuda", "npu"):
+        return torch.device(device_type, Platform.get_local_rank())
+    return torch.device(device_type)
+
+
+@remote_class(execute="all")
+class TransformersModel(TwinkleModel):
+    """A causal LM from a hub id, a local folder or a bundled id (``bundled://tiny-qwen3``).
+
+    ``mixed_precision='auto'`` autocasts to bf16 where the device computes it
+    fast and stays float32 on a CPU; weights keep their loaded dtype.
+    ``gradient_checkpointing`` trades compute for activation memory and is off
+    by default. Extra keyword arguments go to ``from_pretrained``.
+
+    ``model_cls`` picks the Hugging Face class (default ``AutoModelForCausalLM``); an
+    encoder such as BERT loads with ``model_cls=transformers.AutoModel`` and trains with
+    ``task='embedding'`` only. ``embedding_pooling`` ('last', 'mean' or 'cls'; see
+    ``twinkle.model.embedding``) is how ``task='embedding'`` turns hidden states into one
+    vector per sequence. ``ddp_config`` holds keyword arguments for torch's
+    DistributedDataParallel (``{'find_unused_parameters': True}``); they apply when the
+    device mesh has dp > 1, and are kept but unused on a single device.
+    """
+
+    def __init__(
+        self,
+        model_id: str | os.PathLike | None = None,
+        *,
+        model_cls: type[PreTrainedModel] | None = None,
+        config: Any = None,
+        device_mesh: DeviceMesh | None = None,
+        mixed_precision: str = "auto",
+        gradient_checkpointing: bool = False,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        embedding_pooling: str = "last",
+        ddp_config: Mapping[str, Any] | None = None,
+        **from_pretrained_kwargs: Any,
+    ) -> None:
+        if ddp_config is not None and not isinstance(ddp_config, Mapping):
+            raise TypeError(
+                f"ddp_config must be a dict of DistributedDataParallel keyword arguments, got "
+                f"{type(ddp_config).__name__}"
+            )
+        self.embedding_pooling = check_pooling(embedding_pooling)
+        self.ddp_config = dict(ddp_config or {})
+        self.model_id = None if model_id is None else str(model_id)
+        self.device_mesh = device_mesh or get_global_device_mesh()
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.precision = resolve_precision(mixed_precision, self.device.type)
+        model, self.model_dir = load_causal_lm(
+            model_id, model_cls, config, seed, **from_pretrained_kwargs
+        )
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.config.use_cache = False
+        self.model: PreTrainedModel | PeftModel = model.to(self.device)
+        self.gradient_checkpointing = gradient_checkpointing
+        self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
+        self._active: str | None = None
+
+    # ---- adapters and per-adapter components -------------------------------------------------
+
+    def _new_state(self, name: str, gradient_accumulation_steps: int) -> TrainState:
+        return TrainState(
+            name=name,
+            gradient_accumulation_steps=_check_accumulation_steps(gradient_accumulation_steps),
+            loss=build_loss("CrossEntropyLoss"),
+            metrics=MetricCollection(build_train_metrics().values()),
+            # The evaluation metrics start as the training defaults; the step-level ones
+            # (grad_norm, lr, step_time) stay silent, as no step feeds them.
+            eval_metrics=MetricCollection(build_train_metrics().values()),
+        )
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [name for name in self._states if name != FULL_MODEL]
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        if adapter_name is not None:
+            if adapter_name not in self._states or adapter_name == FULL_MODEL:
+                known = ", ".join(self.adapter_names) or "none: add one with add_adapter_to_model"
+                raise ValueError(f"unknown adapter {adapter_name!r}; adapters: {known}")
+            return self._states[adapter_name]
+        if FULL_MODEL in self._states:
+            return self._states[FULL_MODEL]
+        names = self.adapter_names
+        if len(names) == 1:
+            return self._states[names[0]]
+        if "default" in self._states:
+            return self._states["default"]
+        raise ValueError(
+            f"this model has several adapters ({', '.join(names)}): pass adapter_name="
+        )
+
+    def _activate(self, state: TrainState) -> None:
+        """Make ``state``'s adapter the one that runs and receives gradients."""
+        if state.name != FULL_MODEL and self._active != state.name:
+            self.model.set_adapter(state.name)
+        self._active = state.name
+
+    @remote_function(dispatch="all", collect="first")
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config_or_path: PeftConfig | str | os.PathLike,
+        gradient_accumulation_steps: int = 1,
+    ) -> None:
+        if not isinstance(adapter_name, str) or not adapter_name or adapter_name == FULL_MODEL:
+            raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
+        if adapter_name in self._states:
+            raise ValueError(f"adapter {adapter_name!r} already exists; pick another name")
+        full = self._states.get(FULL_MODEL)
+        if full is not None and full.optimizer is not None:
+            raise ValueError(
+                "set_optimizer was already called for full-parameter training; add adapters "
+                "before setting optimizers"
+            )
+        state = self._new_state(adapter_name, gradient_accumulation_steps)
+        try:
+            self._attach_adapter(adapter_name, config_or_path)
+        except ValueError as exc:
+            if "not found in the base model" not in str(exc):
+                raise
+            linear = sorted(
+                {
+                    n.rsplit(".", 1)[-1]
+                    for n, m in self.model.named_modules()
+                    if isinstance(m, torch.nn.Linear)
+                }
+            )
+            raise ValueError(
+                f"adapter {adapter_name!r}: {exc} This model's linear layers are named: "
+                f"{', '.join(linear)} (or use target_modules='all-linear')"
+            ) from None
+        if full is not None:
+            # What was set before the first adapter (loss, template, processor, metrics)
+            # carries over to it rather than vanishing with the full-model state.
+            state.loss, state.template, state.processor = full.loss, full.template, full.processor
+            state.metrics, state.eval_metrics = full.metrics, full.eval_metrics
+        self._states.pop(FULL_MODEL, None)
+        self._states[adapter_name] = state
+        self._active = None
+
+    def _attach_adapter(self, name: str, config_or_path: PeftConfig | str | os.PathLike) -> None:
+        if isinstance(config_or_path, PeftConfig):
+            if isinstance(self.model, PeftModel):
+                self.model.add_adapter(name, config_or_path)
+            else:
+                self.model = get_peft_model(self.model, config_or_path, adapter_name=name)
+            return
+        if not isinstance(config_or_path, str | os.PathLike) or not os.path.isdir(config_or_path):
+            raise ValueError(
+                f"adapter {name!r}: pass a peft config (e.g. LoraConfig) or the folder of a saved "
+                f"adapter; {config_or_path!r} is neither"
+            )
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(config_or_path, adapter_name=name, is_trainable=True)
+        else:
+            self.model = PeftModel.from_pretrained(
+                self.model, config_or_path, adapter_name=name, is_trainable=True
+            )
+        self.model.to(self.device)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_optimizer(
+        self, optimizer_cls: Any = "AdamW", *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        state = self._state(adapter_name)
+        self._activate(state)
+        state.optimizer = build_optimizer(self.model, optimizer_cls, **kwargs)
+        state.lr_scheduler = None
+
+    @remote_function(dispatch="all", collect="first")
+    def set_lr_scheduler(
+        self,
+        scheduler_cls: Any = "CosineWarmupScheduler",
+        *,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        state = self._state(adapter_name)
+        if state.optimizer is None:
+            raise ValueError("set_lr_scheduler needs an optimizer: call set_optimizer(...) first")
+        state.lr_scheduler = build_lr_scheduler(state.optimizer, scheduler_cls, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).loss = build_loss(loss, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_template(
+        self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        if isinstance(template, str | type):
+            kwargs.setdefault("model_id", self.model_id)
+        self._state(adapter_name).template = build_template(template, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_processor(
+        self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        state = self._state(adapter_name)
+        state.processor = processor(**kwargs) if isinstance(processor, type) else processor
+
+    @remote_function(dispatch="all", collect="first")
+    def add_metric(
+        self,
+        metric: Any,
+        is_training: bool = True,
+        *,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add a metric to the training collection (fed by forward_backward and each optimizer
+        step) or, with ``is_training=False``, to the evaluation one (fed by forward_only);
+        ``calculate_metric(is_training)`` reports the same collection."""
+        state = self._state(adapter_name)
+        collection = state.metrics if is_training else state.eval_metrics
+        collection.add(build_metric(metric, **kwargs))
+
+    # ---- inputs ---------------------------------------------------------------------------
+
+    def _processor(self, state: TrainState) -> InputProcessor:
+        if state.processor is None:
+            pad = self.model.config.pad_token_id
+            state.processor = InputProcessor(padding_side="right", pad_token_id=pad or 0)
+        return state.processor
+
+    def _collate(self, inputs: Any, state: TrainState) -> dict[str, torch.Tensor]:
+        """Turn InputFeatures, Trajectories or an already collated batch into device tensors."""
+        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
+            batch = dict(inputs)
+        else:
+            features = (
+                [inputs] if isinstance(inputs, Mapping) or hasattr(inputs, "keys") else inputs
+            )
+            features = list(features) if isinstance(features, Iterable) else None
+            if not features:
+                raise ValueError(
+                    "the batch is empty: pass a non-empty list of InputFeatures or Trajectories"
+                )
+            if all("input_ids" not in f and "messages" in f for f in features):
+                if state.template is None:
+                    raise ValueError(
+                        "these inputs are Trajectories (messages, no input_ids): call "
+                        "set_template(...) so the model can encode them"
+                    )
+                features = [f for f in state.template.batch_encode(features) if f is not None]
+            batch = self._processor(state)(features)
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    @staticmethod
+    def _micro_batches(batch: dict, micro_batch_size: int | None) -> list[dict]:
+        rows = batch["input_ids"].shape[0]
+        if micro_batch_size is None or micro_batch_size >= rows:
+            return [batch]
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        return [
+            {
+                k: v[i : i + micro_batch_size]
+                if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows
+                else v
+                for k, v in batch.items()
+            }
+            for i in range(0, rows, micro_batch_size)
+        ]
+
+    # ---- forward and backward -------------------------------------------------------------
+
+    def _hf_model(self) -> PreTrainedModel:
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
+    def _forward(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Run the model; with labels, also the label-token logps and predicted ids.
+
+        When full logits would be large (``prefers_chunked``) and the head is a plain
+        linear layer, only the decoder runs here and the head is applied chunk by
+        chunk on the label positions, so full-vocabulary logits never exist.
+        """
+        model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+        labels = batch.get("labels")
+        base = self._hf_model()
+        head = base.get_output_embeddings()
+        chunked = (
+            labels is not None
+            and type(head) is torch.nn.Linear
+            and prefers_chunked(labels.numel(), head.out_features)
+        )
+        with autocast(self.precision, self.device.type):
+            if chunked:
+                hidden = base.get_decoder()(**model_inputs, use_cache=False).last_hidden_state
+            else:
+                logits = self.model(**model_inputs, use_cache=False).logits
+        if labels is None:
+            return {"logits": logits.float()}
+        if chunked:
+            result = chunked_logps(hidden, head.weight, labels, head.bias)
+            outputs = {}
+        else:
+            outputs = {"logits": logits}
+            result = logps_from_logits(logits, labels)
+        outputs.update(logps=result.logps, pred_ids=result.predicted_ids)
+        return outputs
+
+    def _loss(
+        self, batch: dict, outputs: dict, state: TrainState, **loss_kwargs
+    ) -> tuple[torch.Tensor, float]:
+        result = state.loss(batch, outputs, **loss_kwargs)
+        num_tokens = float(result["num_tokens"])
+        if num_tokens <= 0:
+            raise ValueError(
+                "the batch has no label tokens (every label is -100), so there is nothing to "
+                "train on; check the template's labels or the data"
+            )
+        return result["loss"], num_tokens
+
+    def _check_task(self, task: str) -> str:
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        if task == "causal_lm" and self._hf_model().get_output_embeddings() is None:
+            raise ValueError(
+                f"{type(self._hf_model()).__name__} has no language-model head (it was loaded "
+                "with a model_cls such as AutoModel), so it cannot predict tokens; train it "
+                "with task='embedding', or load a causal LM"
+            )
+        return task
+
+    def _embed(self, batch: dict) -> dict[str, torch.Tensor]:
+        """Run the backbone alone (no LM head, no logits) and pool one embedding per sequence,
+        with the batch's real-token count for throughput."""
+        bounds = sequence_bounds(batch)
+        backbone = self._hf_model().base_model
+        if bounds.packed() and not any(getattr(m, "is_causal", False) for m in backbone.modules()):
+            raise ValueError(
+                f"{type(backbone).__name__} attends in both directions, so sequences packed "
+                "into one row would see each other; collate with "
+                "InputProcessor(padding_free=False)"
+            )
+        model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+        with autocast(self.precision, self.device.type):
+            hidden = backbone(**model_inputs).last_hidden_state
+        return {
+            "embeddings": pool(hidden, bounds, self.embedding_pooling),
+            "input_tokens": bounds.valid.sum(),
+        }
+
+    def _embedding_pass(
+        self,
+        inputs: Any,
+        state: TrainState,
+        metrics: MetricCollection,
+        backward: bool,
+        **loss_kwargs: Any,
+    ) -> ModelOutput:
+        """``task='embedding'``: pool, then, when the batch carries group labels, the loss on
+        ``({'labels': (N,)}, {'embeddings': (N, H)})``, its backward and the metrics.
+
+        The loss's ``num_tokens`` (anchors, for InfonceLoss) is the normaliser that
+        accumulates until the step, as label tokens do for a language-model loss.
+        """
+        if not isinstance(inputs, Mapping) and not hasattr(inputs, "keys"):
+            inputs = list(inputs)  # read twice: collated, and for the group labels
+        batch = self._collate(inputs, state)
+        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
+            labels = batch.get("labels")  # a collated batch: labels are the (N,) group flags
+        else:
+            labels = group_labels([inputs] if hasattr(inputs, "keys") else inputs)
+        if labels is None and backward:
+            raise ValueError(
+                "task='embedding' training needs group labels: give each feature "
+                "'embedding_label' (1 for a group's anchor, 0 for its positive and hard "
+                "negatives), or give a collated batch labels of shape (N,)"
+            )
+        outputs = self._embed(batch)
+        input_tokens = outputs.pop("input_tokens")
+        embeddings = outputs["embeddings"]
+        if labels is None:
+            return ModelOutput(embeddings=embeddings.detach().float().cpu())
+        labels = torch.as_tensor(labels, device=self.device)
+        if labels.ndim != 1 or labels.numel() != embeddings.shape[0]:
+            raise ValueError(
+                f"the batch holds {embeddings.shape[0]} sequences but its group labels have "
+                f"shape {tuple(labels.shape)}; give one flag per sequence"
+            )
+        if isinstance(state.loss, CrossEntropyLoss):
+            raise ValueError(
+                "task='embedding' needs an embedding loss: call set_loss(InfonceLoss, "
+                "temperature=...) (the default CrossEntropyLoss trains next-token prediction)"
+            )
+        loss_inputs = {"labels": labels}
+        loss, anchors = self._loss(loss_inputs, outputs, state, **loss_kwargs)
+        if backward:
+            loss.backward()
+            state.pending_tokens += anchors
+        metrics.accumulate(
+            loss_inputs, outputs, loss=loss.detach(), num_tokens=anchors, input_tokens=input_tokens
+        )
+        return ModelOutput(
+            loss=float(loss.detach()) / anchors,
+            embeddings=embeddings.detach().float().cpu(),
+            num_tokens=anchors,
+        )
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    def forward_backward(
+        self,
+        inputs: Any,
+        *,
+        adapter_name: str | None = None,
+        micro_batch_size: int | None = None,
+        task: str = "causal_lm",
+        **loss_kwargs: Any,
+    ) -> ModelOutput:
+        """Forward, loss and backward; gradients and the token count accumulate until a step.
+
+        Returns the mean loss over this call's tokens and per-token logps
+        (detached, aligned with the labels). ``task='embedding'`` trains an embedding
+        model instead (``_embedding_pass``) and returns the pooled ``embeddings``; it takes
+        no ``micro_batch_size``, since a contrastive loss scores each row against the whole
+        batch: smaller batches are a different loss, not a split of this one.
+        """
+        state = self._state(adapter_name)
+        self._activate(state)
+        self.model.train()
+        if state.window_start is None:
+            state.window_start = time.perf_counter()
+        if self._check_task(task) == "embedding":
+            if micro_batch_size is not None:
+                raise ValueError(
+                    "task='embedding' takes no micro_batch_size: in-batch negatives make the "
+                    "loss of a split batch differ; pass smaller batches instead"
+                )
+            return self._embedding_pass(inputs, state, state.metrics, backward=True, **loss_kwargs)
+        batch = self._collate(inputs, state)
+        loss_sum, tokens, logps = 0.0, 0.0, []
+        for micro in self._micro_batches(batch, micro_batch_size):
+            outputs = self._forward(micro)
+            loss, num_tokens = self._loss(micro, outputs, state, **loss_kwargs)
+            loss.backward()
+            state.pending_tokens += num_tokens
+            loss_sum, tokens = loss_sum + float(loss.detach()), tokens + num_tokens
+            logps.append(outputs["logps"].detach().cpu())
+            mask = micro.get("attention_mask")
+            real_tokens = int(mask.sum()) if mask is not None else micro["input_ids"].numel()
+            state.metrics.accumulate(
+                micro, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
+            )
+        return ModelOutput(loss=loss_sum / tokens, logps=_pad_cat(logps), num_tokens=tokens)
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    @torch.no_grad()
+    def forward_only(
+        self,
+        inputs: Any,
+        *,
+        adapter_name: str | None = None,
+        task: str = "causal_lm",
+        **loss_kwargs: Any,
+    ) -> ModelOutput:
+        """Forward without gradients; with labels, the loss, fed to the evaluation metrics.
+        ``task='embedding'`` returns the pooled ``embeddings`` (and the loss when the batch
+        carries group labels)."""
+        state = self._state(adapter_name)
+        self._activate(state)
+        self.model.eval()
+        eval_metrics = state.eval_metrics
+        if self._check_task(task) == "embedding":
+            return self._embedding_pass(inputs, state, eval_metrics, backward=False, **loss_kwargs)
+        batch = self._collate(inputs, state)
+        outputs = self._forward(batch)
+        loss = None
+        if "labels" in batch:
+            loss_sum, tokens = self._loss(batch, outputs, state, **loss_kwargs)
+            loss = float(loss_sum) / tokens
+            mask = batch.get("attention_mask")
+            real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+            eval_metrics.accumulate(
+                batch, outputs, loss=loss_sum, num_tokens=tokens, input_tokens=real_tokens
+            )
+        return ModelOutput(loss=loss, logps=outputs.get("logps", torch.empty(0)).cpu())
+
+    # ---- optimizer steps ------------------------------------------------------------------
+
+    def _normalise_gradients(self, state: TrainState) -> None:
+        """Divide the summed gradients by the accumulated token count: the one normalisation."""
+        if state.pending_tokens <= 0:
+            return
+        scale = 1.0 / state.pending_tokens
+        for group in state.optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.grad.mul_(scale)
+        state.pending_tokens = 0.0
+
+    def _require_optimizer(self, state: TrainState, action: str) -> torch.optim.Optimizer:
+        if state.optimizer is None:
+            target = "" if state.name == FULL_MODEL else f", adapter_name={state.name!r}"
+            raise ValueError(
+                f"{action} needs an optimizer: call set_optimizer('AdamW', lr=...{target}) first"
+            )
+        return state.optimizer
+
+    def _clip(self, state: TrainState, max_norm: float) -> float:
+        optimizer = self._require_optimizer(state, "clip_grad_norm")
+        self._normalise_gradients(state)
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        state.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return state.last_grad_norm
+
+    def _step(self, state: TrainState) -> None:
+        optimizer = self._require_optimizer(state, "step")
+        self._normalise_gradients(state)
+        optimizer.step()
+        state.step += 1
+
+    def _zero_grad(self, state: TrainState) -> None:
+        self._require_optimizer(state, "zero_grad").zero_grad(set_to_none=True)
+        state.pending_tokens = 0.0
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
+        """Normalise the accumulated gradients, then clip their global norm; returns the norm."""
+        return self._clip(self._state(adapter_name), max_norm)
+
+    @remote_function(dispatch="all", collect="first")
+    def step(self, *, adapter_name: str | None = None) -> None:
+        self._step(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        self._zero_grad(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        state = self._state(adapter_name)
+        if state.lr_scheduler is not None:
+            state.lr_scheduler.step()
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float = 1.0,
+        gradient_accumulation_steps: int | None = None,
+        *,
+        adapter_name: str | None = None,
+    ) -> float | None:
+        """One call per batch; the optimizer steps once ``gradient_accumulation_steps`` calls
+        have accumulated since the last step (``accumulated_calls`` counts them).
+
+        ``gradient_accumulation_steps`` given here replaces the unit's setting from this
+        call on, as the documents' ``clip_grad_and_step(gradient_accumulation_steps=1)``
+        does. The lr schedule advances by one per call (in a burst at each optimizer step),
+        so ``num_training_steps=len(dataloader)`` spans the run whatever the accumulation,
+        as the user's documents write it.
+        """
+        state = self._state(adapter_name)
+        self._require_optimizer(state, "clip_grad_and_step")
+        if gradient_accumulation_steps is not None:
+            state.gradient_accumulation_steps = _check_accumulation_steps(
+                gradient_accumulation_steps
+            )
+        state.accumulated_calls += 1
+        if state.accumulated_calls < state.gradient_accumulation_steps:
+            return None
+        calls, state.accumulated_calls = state.accumulated_calls, 0
+        norm = self._clip(state, max_grad_norm)
+        lr = state.optimizer.param_groups[0]["lr"]
+        self._step(state)
+        self._zero_grad(state)
+        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        state.window_start = None
+        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
+        if state.lr_scheduler is not None:
+            for _ in range(calls):
+                state.lr_scheduler.step()
+        return norm
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    @remote_function(dispatch="all", collect="first")
+    def save(
+        self,
+        name: str,
+        output_dir: str | os.PathLike = "output",
+        *,
+        adapter_name: str | None = None,
+        save_optimizer: bool = True,
+        consumed_train_samples: int | None = None,
+        overwrite: bool = True,
+    ) -> str:
+        """Write the checkpoint folder ``output_dir/name`` and return its absolute path.
+
+        It holds the adapter (peft's layout) or, with no adapter, the full model as a
+        Hugging Face folder usable as ``model_id``; with ``save_optimizer`` the
+        optimizer and lr scheduler state; the random states, the step and
+        accumulation counters and ``consumed_train_samples`` (pass
+        ``dataloader.get_state()['consumed_train_samples']``). The folder appears
+        only when complete, and saving again under ``name`` replaces it
+        (``overwrite=False`` refuses); ``twinkle.model.checkpoint`` has the layout.
+        Saving changes no random state, so a run that saves continues exactly like
+        one that does not. Gradients accumulated since the last optimizer step are
+        not saved: save right after a step.
+        """
+        state = self._state(adapter_name)
+        final = Path(output_dir) / check_name(name)
+        if consumed_train_samples is not None and (
+            isinstance(consumed_train_samples, bool)
+            or not isinstance(consumed_train_samples, int)
+            or consumed_train_samples < 0
+        ):
+            raise ValueError(
+                f"consumed_train_samples must be a non-negative int or None, got "
+                f"{consumed_train_samples!r}"
+            )
+        if state.pending_tokens > 0 or state.accumulated_calls > 0:
+            logger.warning(
+                f"saving {final} between optimizer steps: the gradients accumulated since the "
+                f"last step are not saved, and a resume starts from the last step's weights"
+            )
+        record = CheckpointRecord(
+            kind="full" if state.name == FULL_MODEL else "adapter",
+            step=state.step,
+            accumulated_calls=state.accumulated_calls,
+            gradient_accumulation_steps=state.gradient_accumulation_steps,
+            consumed_train_samples=consumed_train_samples,
+            model_id=self.model_id,
+            versions=library_versions(),
+        )
+        rng = capture_rng_state(self.device.type)
+        with atomic_folder(final, marker=TRAINER_STATE, overwrite=overwrite) as folder:
+            if record.kind == "adapter":
+                record.adapter_name = state.name
+                record.adapter_config = save_adapter(self.model, state.name, folder)
+            else:
+                save_full(self._hf_model(), folder, self.model_dir)
+            if save_optimizer and state.optimizer is not None:
+                torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+                record.optimizer = type(state.optimizer).__name__
+                if state.lr_scheduler is not None:
+                    torch.save(state.lr_scheduler.state_dict(), folder / SCHEDULER_FILE)
+                    record.lr_scheduler = type(state.lr_scheduler).__name__
+            torch.save(rng, folder / RNG_FILE)
+            write_record(folder, record)
+        return str(final.absolute())
+
+    @remote_function(dispatch="all", collect="first")
+    def load(
+        self,
+        path: str | os.PathLike,
+        *,
+        adapter_name: str | None = None,
+        load_optimizer: bool = False,
+    ) -> None:
+        """Load the weights of a checkpoint written by ``save``.
+
+        An adapter checkpoint loads into the adapter of its saved name (or
+        ``adapter_name``), which is added from the checkpoint when the model lacks
+        it; a full checkpoint loads into a model without adapters.
+        ``load_optimizer=True`` also restores what ``resume_from_checkpoint``
+        restores (optimizer, lr scheduler, counters, random states), with the same
+        requirement that the optimizer and scheduler are set up first.
+        """
+        self._restore_checkpoint(path, adapter_name, training_state=load_optimizer)
+
+    @remote_function(dispatch="all", collect="first")
+    def resume_from_checkpoint(
+        self,
+        path: str | os.PathLike,
+        resume_only_model: bool = False,
+        *,
+        adapter_name: str | None = None,
+    ) -> dict[str, int]:
+        """Continue the run that wrote ``path``; returns ``consumed_train_samples`` and ``step``.
+
+        Restores the weights and, unless ``resume_only_model``, the optimizer and lr
+        scheduler state, the step and accumulation counters and the random states
+        (last), so the next steps reproduce the uninterrupted run's losses bit for
+        bit on the same hardware. The state loads into the objects the run sets up:
+        call it after ``add_adapter_to_model``, ``set_optimizer`` and
+        ``set_lr_scheduler``, as the original run called them (resuming before they
+        exist is an error saying so). A full-parameter run builds the model with
+        ``model_id=<checkpoint>`` first. The returned values come from the
+        checkpoint even with ``resume_only_model``; pass ``consumed_train_samples``
+        to ``dataloader.resume_from_checkpoint`` to skip the data already trained on.
+        """
+        record = self._restore_checkpoint(path, adapter_name, training_state=not resume_only_model)
+        consumed = record.consumed_train_samples
+        if consumed is None:
+            logger.warning(
+                f"{path} records no consumed_train_samples (save(..., consumed_train_samples="
+                f"dataloader.get_state()['consumed_train_samples']) records it): returning 0"
+            )
+            consumed = 0
+        return {"consumed_train_samples": consumed, "step": record.step}
+
+    @remote_function(dispatch="all", collect="first")
+    def merge_and_export(
+        self,
+        output_dir: str | os.PathLike,
+        *,
+        adapter_name: str | None = None,
+        overwrite: bool = True,
+    ) -> str:
+        """Write a plain Hugging Face model folder with the adapter merged into the weights.
+
+        The folder (config, safetensors, tokenizer files) loads with
+        ``AutoModelForCausalLM`` and as a ``model_id``, without peft. The model
+        being trained is left bit for bit as it was (see ``transformers.merge``).
+        With no adapter, the full model is written as it is. Returns the path.
+        """
+        state = self._state(adapter_name)
+        weights = None if state.name == FULL_MODEL else merged_state_dict(self.model, state.name)
+        with atomic_folder(output_dir, marker="config.json", overwrite=overwrite) as folder:
+            save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
+        return str(Path(output_dir).absolute())
+
+    def _restore_checkpoint(
+        self, path: str | os.PathLike, adapter_name: str | None, training_state: bool
+    ) -> CheckpointRecord:
+        """Load the weights and, with ``training_state``, everything else a resume needs."""
+        folder, record = read_record(path)
+        target = self._checkpoint_target(folder, record, adapter_name)
+        saved = self._read_training_state(folder, record, target) if training_state else None
+        state = self._load_checkpoint_weights(folder, record, target)
+        if saved is not None:
+            self._restore_training_state(folder, record, state, saved)
+        return record
+
+    def _checkpoint_target(
+        self, folder: Path, record: CheckpointRecord, adapter_name: str | None
+    ) -> str:
+        """The state a checkpoint loads into: FULL_MODEL or an adapter name (maybe new)."""
+        if record.kind == "full":
+            if adapter_name is not None or self.adapter_names:
+                raise CheckpointError(
+                    f"{folder} holds a full model, not an adapter; load it into a model "
+                    f"without adapters, e.g. TransformersModel(model_id={str(folder)!r})"
+                )
+            return FULL_MODEL
+        if adapter_name is not None:
+            return adapter_name
+        if record.adapter_name in self._states or not self.adapter_names:
+            return record.adapter_name
+        raise CheckpointError(
+            f"{folder} holds adapter {record.adapter_name!r}, which this model lacks (it has "
+            f"{', '.join(self.adapter_names)}): pass adapter_name= to load it into one of them"
+        )
+
+    def _read_training_state(
+        self, folder: Path, record: CheckpointRecord, target: str
+    ) -> dict[str, Any]:
+        """The saved optimizer, scheduler and RNG states, once checked to fit this run's set-up:
+        a resume that cannot complete fails here, before anything changes."""
+        state = self._states.get(target)
+        setup = f"set_optimizer(...{'' if target == FULL_MODEL else f', adapter_name={target!r}'})"
+        if state is None:
+            raise CheckpointError(
+                f"resuming {folder} restores the optimizer of adapter {target!r}, which this "
+                f"model lacks: call add_adapter_to_model({target!r}, <its LoraConfig>), "
+                f"{setup} and set_lr_scheduler(...) as the original run did, then resume (or "
+                f"pass resume_only_model=True to restore the weights alone)"
+            )
+        for kind, saved_cls, current, call in (
+            ("optimizer", record.optimizer, state.optimizer, setup),
+            ("lr scheduler", record.lr_scheduler, state.lr_scheduler, "set_lr_scheduler(...)"),
+        ):
+            if saved_cls is not None and type(current).__name__ != saved_cls:
+                have = "none" if current is None else type(current).__name__
+                raise CheckpointError(
+                    f"{folder} holds {saved_cls} {kind} state, and this model's {kind} is {have}: "
+                    f"call {call} as the original run did before resume_from_checkpoint (or "
+                    f"pass resume_only_model=True to restore the weights alone)"
+                )
+        saved = {"rng": load_state_dict(folder / RNG_FILE), "optimizer": None, "scheduler": None}
+        if record.optimizer is not None:
+            saved["optimizer"] = load_state_dict(folder / OPTIMIZER_FILE)
+            sizes = [len(group["params"]) for group in saved["optimizer"]["param_groups"]]
+            expected = [len(group["params"]) for group in state.optimizer.param_groups]
+            if sizes != expected:
+                raise CheckpointError(
+                    f"{folder / OPTIMIZER_FILE} holds parameter groups of {sizes} tensors; this "
+                    f"optimizer's hold {expected}: train the same parameters as the original run"
+                )
+        if record.lr_scheduler is not None:
+            saved["scheduler"] = load_state_dict(folder / SCHEDULER_FILE)
+        return saved
+
+    def _load_checkpoint_weights(
+        self, folder: Path, record: CheckpointRecord, target: str
+    ) -> TrainState:
+        if target == FULL_MODEL:
+            load_full_weights(self._hf_model(), folder)
+        elif target in self._states:
+            load_adapter_weights(self.model, target, folder)
+        else:
+            self.add_adapter_to_model(target, folder, record.gradient_accumulation_steps)
+        return self._states[target]
+
+    def _restore_training_state(
+        self, folder: Path, record: CheckpointRecord, state: TrainState, saved: dict[str, Any]
+    ) -> None:
+        if saved["optimizer"] is not None:
+            state.optimizer.load_state_dict(saved["optimizer"])
+            state.optimizer.zero_grad(set_to_none=True)
+        elif state.optimizer is not None:
+            logger.warning(f"{folder} holds no optimizer state: the optimizer starts afresh")
+        if saved["scheduler"] is not None:
+            state.lr_scheduler.load_state_dict(saved["scheduler"])
+        if record.gradient_accumulation_steps != state.gradient_accumulation_steps:
+            logger.warning(
+                f"{folder} was trained with gradient_accumulation_steps="
+                f"{record.gradient_accumulation_steps}; continuing with "
+                f"{state.gradient_accumulation_steps}"
+            )
+        state.step, state.accumulated_calls = record.step, record.accumulated_calls
+        state.pending_tokens, state.window_start = 0.0, None
+        drift = {
+            name: (saved_version, current)
+            for name, current in library_versions().items()
+            if (saved_version := record.versions.get(name, current)) != current
+        }
+        if drift:
+            logger.warning(
+                f"{folder} was written with other library versions ({drift}): resumed losses "
+                f"may differ from the original run's in the last bits"
+            )
+        restore_rng_state(saved["rng"])  # last: nothing after it may draw
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    @remote_function(dispatch="all", collect="first")
+    def calculate_metric(
+        self, is_training: bool = True, *, adapter_name: str | None = None
+    ) -> dict[str, float]:
+        """The training metrics (or, with ``is_training=False``, the evaluation metrics fed
+        by forward_only) since the last call, as floats; resets that collection."""
+        state = self._state(adapter_name)
+        collection = state.metrics if is_training else state.eval_metrics
+        return collection.calculate_and_reset()
+
+    @remote_function(dispatch="all", collect="first")
+    def get_train_configs(self, *, adapter_name: str | None = None) -> str:
+        state = self._state(adapter_name)
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.model.parameters())
+        name = self.model_id or type(self.model).__name__
+        share = 100 * trainable / max(total, 1)
+        lines = [
+            f"model: {name} on {self.device} ({self.precision})",
+            f"parameters: {trainable:,} trainable of {total:,} ({share:.2f}%)",
+            f"adapters: {', '.join(self.adapter_names) or 'none (full-parameter training)'}",
+            f"optimizer: {type(state.optimizer).__name__ if state.optimizer else 'not set'}",
+            f"lr scheduler: {type(state.lr_scheduler).__name__ if state.lr_scheduler else 'none'}",
+            f"loss: {type(state.loss).__name__}",
+            f"gradient accumulation steps: {state.gradient_accumulation_steps}",
+            f"gradient checkpointing: {self.gradient_checkpointing}",
+        ]
+        return "\n".join(lines)
+
+
+def _pad_cat(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-micro-batch (B_i, T_i) tensors along the batch, right-padding with 0."""
+    if len(rows) == 1:
+        return rows[0]
+    width = max(r.shape[-1] for r in rows)
+    return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[-1])) for r in rows])

@@ -1,0 +1,145 @@
+"""Weights in and out of a checkpoint folder: a peft LoRA adapter, or a full Hugging Face model.
+
+An adapter is written in peft's own layout (``adapter_config.json`` and
+``adapter_model.safetensors`` at the top of the folder, whatever the adapter's
+name), so ``PeftModel.from_pretrained(base_model, folder)`` reads it. A full model
+is written by ``save_pretrained`` (safetensors) with the tokenizer files of the
+folder it was loaded from, so the folder works as a ``model_id`` and with
+``AutoModelForCausalLM``/``AutoTokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import PreTrainedModel
+
+from twinkle.model.checkpoint import ADAPTER_FILES, CheckpointError, full_weight_files
+
+TOKENIZER_PATTERNS = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template*",
+    "*.tiktoken",
+    "spiece.model",
+)
+# LoraConfig fields that change what the adapter computes: a checkpoint must agree on them.
+ADAPTER_MATH_FIELDS = (
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "use_rslora",
+    "use_dora",
+    "lora_bias",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+)
+
+
+def save_adapter(model: PeftModel, adapter_name: str, folder: Path) -> dict[str, Any]:
+    """Write one adapter's weights and config into ``folder``; returns the config as JSON."""
+    scratch = folder / ".peft"
+    model.save_pretrained(str(scratch), selected_adapters=[adapter_name])
+    # peft puts an adapter not named 'default' into a subfolder of that name.
+    written = scratch if adapter_name == "default" else scratch / adapter_name
+    for name in ADAPTER_FILES:
+        (written / name).replace(folder / name)
+    shutil.rmtree(scratch)
+    return json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
+
+
+def load_adapter_weights(model: PeftModel, adapter_name: str, folder: Path) -> None:
+    """Load a saved adapter's weights into the existing adapter ``adapter_name``.
+
+    The saved LoRA config must agree with the adapter's on everything that changes
+    the computation, and the saved tensors must be exactly the adapter's.
+    """
+    saved_config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
+    current = _comparable(model.peft_config[adapter_name].to_dict())
+    saved = _comparable(saved_config)
+    differ = [k for k in ADAPTER_MATH_FIELDS if current.get(k) != saved.get(k)]
+    if differ:
+        details = "; ".join(f"{k}: saved {saved.get(k)!r}, here {current.get(k)!r}" for k in differ)
+        raise CheckpointError(
+            f"the adapter in {folder} does not match adapter {adapter_name!r} of this model "
+            f"({details}); add the adapter with the LoraConfig it was trained with"
+        )
+    weights = load_file(folder / ADAPTER_FILES[1])
+    expected = set(get_peft_model_state_dict(model, adapter_name=adapter_name))
+    if set(weights) != expected:
+        raise CheckpointError(
+            f"{folder / ADAPTER_FILES[1]} does not hold adapter {adapter_name!r}'s tensors: "
+            f"missing {sorted(expected - set(weights))[:5]}, "
+            f"unexpected {sorted(set(weights) - expected)[:5]}"
+        )
+    set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A LoraConfig dict with its module collections as sorted lists, as JSON holds them."""
+    return {
+        key: sorted(value)
+        if isinstance(value, set | frozenset)
+        or (key in ("target_modules", "modules_to_save") and isinstance(value, list))
+        else value
+        for key, value in config.items()
+    }
+
+
+def save_full(
+    model: PreTrainedModel,
+    folder: Path,
+    tokenizer_source: Path | None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """A Hugging Face model folder: config, safetensors weights and tokenizer files."""
+    model.save_pretrained(str(folder), state_dict=state_dict)
+    if tokenizer_source is None or not tokenizer_source.is_dir():
+        return
+    for pattern in TOKENIZER_PATTERNS:
+        for path in tokenizer_source.glob(pattern):
+            if path.is_file() and not (folder / path.name).exists():
+                shutil.copy2(path, folder / path.name)
+
+
+def load_full_weights(model: PreTrainedModel, folder: Path) -> None:
+    """Copy the weights of a full model folder into ``model`` in place.
+
+    Keys the files leave out are accepted only when they are tied to a saved one
+    (``lm_head.weight`` sharing the embedding, for instance).
+    """
+    current = model.state_dict()
+    loaded: set[str] = set()
+    for name in full_weight_files(folder):
+        shard = load_file(folder / name)
+        unexpected = sorted(set(shard) - set(current))
+        if unexpected:
+            raise CheckpointError(
+                f"{folder / name} holds tensors this model lacks ({', '.join(unexpected[:5])}): "
+                f"it was saved from another architecture or layout; build the model from it "
+                f"with TransformersModel(model_id={str(folder)!r})"
+            )
+        model.load_state_dict(shard, strict=False)
+        loaded.update(shard)
+    saved_storage = {current[k].untyped_storage().data_ptr() for k in loaded}
+    missing = [
+        k
+        for k in current
+        if k not in loaded and current[k].untyped_storage().data_ptr() not in saved_storage
+    ]
+    if missing:
+        raise CheckpointError(
+            f"{folder} lacks weights of this model: {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}"
+        )

@@ -1,0 +1,216 @@
+"""TransformersModel on one CPU: training lowers the loss, accumulation is exact, adapters are
+isolated, and bad inputs fail with errors that say what to do."""
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from twinkle.model import TransformersModel
+from twinkle.template import build_template
+
+MODEL_ID = "bundled://tiny-qwen3"
+ANSWERS = [
+    "I am Twinkle, a model trained by the Twinkle team.",
+    "My name is Twinkle.",
+    "Twinkle was made by the Twinkle team to help you.",
+    "I can answer questions about training models.",
+]
+
+
+def lora(r: int = 8) -> LoraConfig:
+    return LoraConfig(r=r, lora_alpha=32, target_modules="all-linear")
+
+
+@pytest.fixture(scope="module")
+def features():
+    """Eight encoded conversations of uneven lengths."""
+    template = build_template("Qwen3_5Template", model_id=MODEL_ID, max_length=256)
+    trajectories = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Question {i}: who are you?" + " Please." * (i % 3)},
+                {"role": "assistant", "content": ANSWERS[i % len(ANSWERS)]},
+            ]
+        }
+        for i in range(8)
+    ]
+    return template.batch_encode(trajectories)
+
+
+def trainable_snapshot(model: TransformersModel, marker: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.model.named_parameters() if marker in n}
+
+
+def train(model: TransformersModel, features, steps: int, **kwargs) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        losses.append(model.forward_backward(features, **kwargs).loss)
+        model.clip_grad_and_step(**kwargs)
+    return losses
+
+
+def test_full_training_lowers_the_loss(features):
+    model = TransformersModel(MODEL_ID)
+    model.set_optimizer("AdamW", lr=1e-2)
+    losses = train(model, features, 12)
+    assert losses[-1] < losses[0] - 1.0
+    metrics = model.calculate_metric()
+    assert {"loss", "token_accuracy", "grad_norm", "lr"} <= set(metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert model.calculate_metric() == {}, "calculate_metric resets what it reported"
+
+
+def test_lora_training_lowers_the_loss_and_trains_only_the_adapter(features):
+    model = TransformersModel(MODEL_ID)
+    model.add_adapter_to_model("default", lora())
+    model.set_optimizer(optimizer_cls="AdamW", lr=1e-2)
+    model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=2, num_training_steps=12)
+    base_before = {
+        n: p.detach().clone() for n, p in model.model.named_parameters() if "lora_" not in n
+    }
+    losses = train(model, features, 12)
+    assert losses[-1] < losses[0] - 0.5
+    for name, param in model.model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(param, base_before[name]), f"{name} is frozen but changed"
+    assert "trainable" in model.get_train_configs()
+
+
+def lora_model(gradient_accumulation_steps: int = 1) -> TransformersModel:
+    model = TransformersModel(MODEL_ID)
+    torch.manual_seed(0)  # the same LoRA init in every model built here
+    model.add_adapter_to_model("default", lora(), gradient_accumulation_steps)
+    model.set_optimizer("SGD", lr=0.5)
+    return model
+
+
+def assert_same_parameters(a: TransformersModel, b: TransformersModel) -> None:
+    pairs = zip(a.model.named_parameters(), b.model.named_parameters(), strict=True)
+    for (name, x), (_, y) in pairs:
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
+
+
+@pytest.fixture(scope="module")
+def one_batch_of_eight(features):
+    model = lora_model()
+    model.forward_backward(features)
+    model.clip_grad_and_step(max_grad_norm=1e9)
+    return model
+
+
+def test_micro_batches_of_four_give_the_step_of_one_batch_of_eight(features, one_batch_of_eight):
+    """The halves hold different token counts: normalising per half would differ."""
+    assert sum(f.length for f in features[:4]) != sum(f.length for f in features[4:])
+    halves = lora_model()
+    halves.forward_backward(features, micro_batch_size=4)
+    halves.clip_grad_and_step(max_grad_norm=1e9)
+    assert_same_parameters(one_batch_of_eight, halves)
+
+
+def test_accumulating_two_calls_gives_the_step_of_one_batch(features, one_batch_of_eight):
+    halves = lora_model(gradient_accumulation_steps=2)
+    halves.forward_backward(features[:4])
+    assert halves.clip_grad_and_step(max_grad_norm=1e9) is None, "first call only accumulates"
+    halves.forward_backward(features[4:])
+    assert halves.clip_grad_and_step(max_grad_norm=1e9) is not None
+    assert_same_parameters(one_batch_of_eight, halves)
+
+
+def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_two_adapters_trained_alternately_leave_each_other_alone(features):
+    model = TransformersModel(MODEL_ID)
+    model.add_adapter_to_model("alice", lora(8))
+    model.add_adapter_to_model("bob", lora(4))
+    for name in ("alice", "bob"):
+        model.set_optimizer("AdamW", lr=1e-2, adapter_name=name)
+    model.forward_backward(features, adapter_name="alice")
+    model.clip_grad_and_step(adapter_name="alice")
+
+    bob_before = trainable_snapshot(model, ".bob.")
+    model.forward_backward(features, adapter_name="bob")
+    model.clip_grad_and_step(adapter_name="bob")
+    assert changed(bob_before, trainable_snapshot(model, ".bob."))
+
+    bob_after, alice_before = (
+        trainable_snapshot(model, ".bob."),
+        trainable_snapshot(model, ".alice."),
+    )
+    bob_moments = {k: v["exp_avg"].clone() for k, v in model._states["bob"].optimizer.state.items()}
+    model.forward_backward(features, adapter_name="alice")
+    model.clip_grad_and_step(adapter_name="alice")
+    assert changed(alice_before, trainable_snapshot(model, ".alice."))
+    assert not changed(bob_after, trainable_snapshot(model, ".bob.")), "training alice moved bob"
+    for key, moment in bob_moments.items():
+        assert torch.equal(model._states["bob"].optimizer.state[key]["exp_avg"], moment)
+    alice_params = set(model._states["alice"].optimizer.state)
+    assert alice_params.isdisjoint(model._states["bob"].optimizer.state)
+
+
+# ---- bad inputs ---------------------------------------------------------------------------
+
+
+def test_unknown_model_id_names_it():
+    with pytest.raises(Exception, match="bundled://no-such-model"):
+        TransformersModel("bundled://no-such-model")
+
+
+def test_lora_on_missing_modules_lists_the_real_ones():
+    model = TransformersModel(MODEL_ID)
+    with pytest.raises(ValueError, match="q_proj"):
+        model.add_adapter_to_model("default", LoraConfig(r=4, target_modules=["not_a_layer"]))
+
+
+def test_unknown_loss_lists_the_known_ones():
+    model = TransformersModel(MODEL_ID)
+    with pytest.raises(ValueError, match="CrossEntropyLoss"):
+        model.set_loss("NoSuchLoss")
+
+
+def test_empty_batch_is_a_clear_error():
+    model = TransformersModel(MODEL_ID)
+    with pytest.raises(ValueError, match="empty"):
+        model.forward_backward([])
+
+
+def test_a_batch_without_label_tokens_is_an_error_not_nan(features):
+    model = TransformersModel(MODEL_ID)
+    unlabelled = [f.model_copy(update={"labels": [-100] * f.length}) for f in features[:2]]
+    with pytest.raises(ValueError, match="no label tokens"):
+        model.forward_backward(unlabelled)
+
+
+def test_step_before_set_optimizer_says_what_to_call(features):
+    model = TransformersModel(MODEL_ID)
+    model.forward_backward(features[:2])
+    with pytest.raises(ValueError, match=r"set_optimizer\("):
+        model.clip_grad_and_step()
+
+
+def test_trajectories_need_a_template():
+    model = TransformersModel(MODEL_ID)
+    conversation = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    }
+    with pytest.raises(ValueError, match="set_template"):
+        model.forward_backward([conversation])
+    model.set_template("Qwen3_5Template")
+    assert model.forward_backward([conversation]).loss > 0
+
+
+def test_components_set_before_the_first_adapter_carry_over_to_it():
+    model = TransformersModel(MODEL_ID)
+    model.set_loss("GRPOLoss", epsilon=0.3)
+    model.add_adapter_to_model("default", lora())
+    assert type(model._state(None).loss).__name__ == "GRPOLoss"
+
+
+def test_embedding_task_without_an_embedding_loss_says_which_to_set(features):
+    model = TransformersModel(MODEL_ID)
+    pairs = [
+        {"input_ids": f.input_ids, "embedding_label": 1 - i % 2} for i, f in enumerate(features[:4])
+    ]
+    with pytest.raises(ValueError, match=r"set_loss\(InfonceLoss"):
+        model.forward_backward(pairs, task="embedding")
