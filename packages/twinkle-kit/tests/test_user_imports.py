@@ -32,7 +32,6 @@ PENDING = {
     ),
     "from twinkle.reward import FormatReward": RL,
     "from twinkle.reward import GSM8KAccuracyReward, GSM8KFormatReward": RL,
-    "from twinkle.reward.base import Reward": RL,
     "from twinkle.sampler import vLLMSampler": RL,
     "from twinkle.server.common import input_feature_to_datum": TINKER,
     "from twinkle_client import init_tinker_client": TINKER,

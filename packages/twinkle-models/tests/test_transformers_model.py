@@ -214,3 +214,19 @@ def test_embedding_task_without_an_embedding_loss_says_which_to_set(features):
     ]
     with pytest.raises(ValueError, match=r"set_loss\(InfonceLoss"):
         model.forward_backward(pairs, task="embedding")
+
+
+def test_forward_calculate_loss_backward_equals_forward_backward(features):
+    together = lora_model()
+    expected = together.forward_backward(features).loss
+    together.clip_grad_and_step(max_grad_norm=1e9)
+
+    apart = lora_model()
+    with pytest.raises(ValueError, match=r"call forward\(inputs\), then calculate_loss"):
+        apart.backward()
+    output = apart.forward(features)
+    assert output.logps.shape == (len(features), max(f.length for f in features))
+    assert apart.calculate_loss() == pytest.approx(expected, rel=1e-6)
+    apart.backward()
+    apart.clip_grad_and_step(max_grad_norm=1e9)
+    assert_same_parameters(together, apart)

@@ -29,6 +29,10 @@ class TrainState:
     processor: Any = None
     metrics: Any = None  # MetricCollection fed by forward_backward and each optimizer step
     eval_metrics: Any = None  # MetricCollection fed by forward_only
+    pending_forward: tuple | None = None  # (batch, outputs) of forward(), for calculate_loss()
+    pending_loss: tuple | None = (
+        None  # (summed loss, normaliser) of calculate_loss(), for backward()
+    )
     window_start: float | None = None  # when the current optimizer step's first call began
     pending_tokens: float = 0.0
     accumulated_calls: int = 0

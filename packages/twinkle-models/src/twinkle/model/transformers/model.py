@@ -516,16 +516,61 @@ class TransformersModel(TwinkleModel):
         for micro in self._micro_batches(batch, micro_batch_size):
             outputs = self._forward(micro)
             loss, num_tokens = self._loss(micro, outputs, state, **loss_kwargs)
-            loss.backward()
-            state.pending_tokens += num_tokens
+            self._backward(state, micro, outputs, loss, num_tokens)
             loss_sum, tokens = loss_sum + float(loss.detach()), tokens + num_tokens
             logps.append(outputs["logps"].detach().cpu())
-            mask = micro.get("attention_mask")
-            real_tokens = int(mask.sum()) if mask is not None else micro["input_ids"].numel()
-            state.metrics.accumulate(
-                micro, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
-            )
         return ModelOutput(loss=loss_sum / tokens, logps=_pad_cat(logps), num_tokens=tokens)
+
+    def _backward(
+        self, state: TrainState, batch: dict, outputs: dict, loss: torch.Tensor, num_tokens: float
+    ) -> None:
+        """Backward of a summed loss; the normaliser waits in ``pending_tokens`` for the step."""
+        loss.backward()
+        state.pending_tokens += num_tokens
+        mask = batch.get("attention_mask")
+        real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        state.metrics.accumulate(
+            batch, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
+        )
+
+    # The three-call form of forward_backward, for loops that inspect outputs or the loss
+    # before backward: forward(inputs); calculate_loss(**kw); backward().
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    def forward(self, inputs: Any, *, adapter_name: str | None = None) -> ModelOutput:
+        """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
+        state = self._state(adapter_name)
+        self._activate(state)
+        self.model.train()
+        if state.window_start is None:
+            state.window_start = time.perf_counter()
+        batch = self._collate(inputs, state)
+        outputs = self._forward(batch)
+        state.pending_forward, state.pending_loss = (batch, outputs), None
+        if "logps" not in outputs:
+            return ModelOutput(logits=outputs["logits"].detach().cpu())
+        return ModelOutput(logps=outputs["logps"].detach().cpu())
+
+    @remote_function(dispatch="all", collect="mean")
+    def calculate_loss(self, *, adapter_name: str | None = None, **loss_kwargs: Any) -> float:
+        """The loss of the last ``forward`` (its mean over the normaliser), kept for backward."""
+        state = self._state(adapter_name)
+        if state.pending_forward is None:
+            raise ValueError("calculate_loss needs outputs: call forward(inputs) first")
+        batch, outputs = state.pending_forward
+        loss, num_tokens = self._loss(batch, outputs, state, **loss_kwargs)
+        state.pending_loss = (loss, num_tokens)
+        return float(loss.detach()) / num_tokens
+
+    @remote_function(dispatch="all", collect="first")
+    def backward(self, *, adapter_name: str | None = None) -> None:
+        """Backward of the loss from ``calculate_loss``; gradients accumulate until a step."""
+        state = self._state(adapter_name)
+        if state.pending_loss is None:
+            raise ValueError("backward needs a loss: call forward(inputs), then calculate_loss()")
+        (batch, outputs), (loss, num_tokens) = state.pending_forward, state.pending_loss
+        self._backward(state, batch, outputs, loss, num_tokens)
+        state.pending_forward = state.pending_loss = None
 
     @remote_function(dispatch="slice_dp", collect="first")
     @torch.no_grad()

@@ -1,0 +1,24 @@
+"""Reward: the protocol every reward function follows.
+
+``reward(trajectories, ground_truths) -> list[float]``: one float per
+trajectory. A trajectory is a Trajectory or an InputFeature (a sampled
+sequence's ``new_input_feature``) carrying ``messages``, whose last assistant
+message is the completion, and ``user_data``, whose first dict holds the
+ground truth the preprocessor stored (e.g. ``[{'answer': '42'}]``).
+``ground_truths`` is for rewards that take references separately; rewards
+that read ``user_data`` accept an empty list there, as the user's documents do.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+
+class Reward(ABC):
+    """Scores completions; subclasses implement ``__call__``."""
+
+    @abstractmethod
+    def __call__(self, trajectories: Sequence[Any], ground_truths: Sequence[Any]) -> list[float]:
+        """One reward per trajectory, in order."""
