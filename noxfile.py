@@ -136,4 +136,6 @@ def bench_data(session: nox.Session) -> None:
 @nox.session(name="bench-model", default=False)
 def bench_model(session: nox.Session) -> None:
     """Model step overhead and memory against plain PyTorch, and chunked cross-entropy memory."""
-    _run_benchmarks(session, "twinkle-models", "bench_model_chunked_ce.py")
+    _run_benchmarks(
+        session, "twinkle-models", "bench_model_overhead.py", "bench_model_chunked_ce.py"
+    )

@@ -1,88 +1,139 @@
-"""Quick start: the mesh and remote layer that every Twinkle training loop stands on.
+r"""The main job: teach a model its name, save it, then ask it who it is.
 
-Runs alone (one process) or under torchrun, unchanged:
+    python cookbook/quickstart.py     # the bundled tiny model: about a minute on a CPU
+    python cookbook/quickstart.py --model-id ms://Qwen/Qwen3-4B \
+        --dataset-id ms://swift/self-cognition     # a real model, on a GPU
 
-    python cookbook/quickstart.py
-    torchrun --nproc_per_node=2 cookbook/quickstart.py
+The loop is the one the user's documents write for a single GPU: a Dataset that
+fills the self-cognition rows with a name and an author, a TransformersModel, an
+optimizer and a cosine schedule, then forward_backward and clip_grad_and_step per
+batch. The device is picked automatically (CUDA or NPU when present, else the CPU);
+only the ids change between a laptop and a GPU.
 
-It shows (1) how the documents' DeviceMeshes lay ranks out and which slice of a
-batch each rank reads, (2) what the dispatch/collect rules of
-``@remote_function`` do with a batch spread over workers, and (3) a
-``@remote_class`` component running in local mode, its per-rank results summed
-with torch.distributed when there are several processes.
+Honest about the defaults: the bundled ``tiny-qwen3`` is a random init (2 layers,
+hidden size 64) with no knowledge at all, so it learns its whole answer from these
+100 rows: it trains every parameter at a high learning rate for many epochs, which
+is pretraining from scratch on a toy set, not fine-tuning. A pretrained model
+already speaks and only has to learn its new name, so it gets LoRA at the
+documents' learning rate instead.
 """
 
-import twinkle
-from twinkle import (
-    DeviceMesh,
-    Platform,
-    get_device_placement,
-    get_logger,
-    remote_class,
-    remote_function,
-)
-from twinkle.infra import collect, dispatch
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from peft import LoraConfig
+from tqdm import tqdm
+
+from twinkle import get_device_placement, get_logger
+from twinkle.dataloader import DataLoader
+from twinkle.dataset import Dataset, DatasetMeta
+from twinkle.model import TransformersModel
+from twinkle.preprocessor import SelfCognitionProcessor
+from twinkle.template import build_template
 
 logger = get_logger()
 
-DOCUMENT_MESHES = {
-    "dp2 x pp2 x tp2": dict(dp_size=2, pp_size=2, tp_size=2),
-    "4-way Ulysses x 2-way data": dict(world_size=8, dp_size=2, ulysses_size=4),
-    "2-way EP, 2-way FSDP inside EP": dict(world_size=8, dp_size=2, ep_size=2, ep_fsdp_size=2),
-}
+NAME, AUTHOR = "Twinkle", "ModelScope"
+QUESTION = "Who are you?"
 
 
-def show_layout(title: str, mesh: DeviceMesh, batch_size: int = 10) -> None:
-    logger.info(f"{title}: {mesh.world_size} ranks, {mesh.data_world_size} data slices")
-    for rank in range(mesh.world_size):
-        share = mesh.get_slice(batch_size, rank=rank)
-        logger.info(
-            f"  rank {rank}: {mesh.coords(rank)} reads samples [{share.start}:{share.stop})"
-        )
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
-@remote_class(execute="all")
-class TokenCounter:
-    """A toy component: counts the tokens of the samples its data rank reads."""
-
-    def __init__(self, device_mesh: DeviceMesh):
-        self.device_mesh = device_mesh
-
-    @remote_function(dispatch="slice_dp", collect="sum")
-    def count(self, batch: list[list[int]]) -> int:
-        return sum(len(sample) for sample in batch[self.device_mesh.get_slice(len(batch))])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--model-id", default="bundled://tiny-qwen3")
+    parser.add_argument("--dataset-id", default="bundled://self-cognition")
+    parser.add_argument("--epochs", type=positive_int, default=30)
+    parser.add_argument("--max-steps", type=positive_int, help="stop early, for quick runs")
+    parser.add_argument("--output-dir", default="output/quickstart")
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    world_size = Platform.get_world_size()
-    mesh = DeviceMesh.from_sizes(dp_size=world_size, device_type="cpu")
-    twinkle.initialize("local", global_device_mesh=mesh, seed=0)
-    logger.info(get_device_placement())
+@torch.no_grad()
+def answer(model: TransformersModel, template, question: str, max_new_tokens: int = 64) -> str:
+    """Greedy decoding with the Hugging Face model's KV cache.
 
-    for title, sizes in DOCUMENT_MESHES.items():
-        show_layout(title, DeviceMesh.from_sizes(**sizes))
-
-    batch = [[1] * n for n in range(1, 8)]  # 7 samples of 1..7 tokens
-    tp_mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2)
-    shares = [dispatch("slice_dp", 4, i, (batch,), {}, tp_mesh)[0][0] for i in range(4)]
-    logger.info(f"slice_dp over dp2 x tp2 gives workers {[len(s) for s in shares]} samples")
-    counts = [sum(map(len, share)) for share in shares]
-    logger.info(
-        f"collect='last_pp' keeps one result per data rank: {collect('last_pp', counts, tp_mesh)}"
+    A stand-in until twinkle.sampler (the RL issue) brings the Sampler, which batches
+    prompts and samples with SamplingParams.
+    """
+    prompt = template.encode({"messages": [{"role": "user", "content": question}]}, True)
+    input_ids = torch.as_tensor(prompt["input_ids"], device=model.device)[None]
+    model.model.eval()
+    output_ids = model.model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        use_cache=True,
+        eos_token_id=template.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=template.tokenizer.pad_token_id,
     )
+    reply = template.tokenizer.decode(output_ids[0, input_ids.shape[1] :], skip_special_tokens=True)
+    # Real Qwen3 templates train every reply behind an empty <think></think> block, so a
+    # trained model writes one first: show what follows it.
+    return reply.split("</think>")[-1].strip()
 
-    counter = TokenCounter(mesh, remote_group="default")
-    local = counter.count(batch)
-    total = local
-    if world_size > 1:
-        import torch
-        import torch.distributed as dist
 
-        reduced = torch.tensor(local)
-        dist.all_reduce(reduced, group=mesh.to_torch()["dp"].get_group())
-        total = int(reduced)
-    logger.info(f"rank {Platform.get_rank()} counted {local} tokens; all ranks: {total}")
-    assert total == sum(map(len, batch)), "the data ranks must cover the batch exactly once"
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+
+    dataset = Dataset(dataset_meta=DatasetMeta(args.dataset_id))
+    dataset.set_template("Qwen3_5Template", model_id=args.model_id, max_length=512)
+    dataset.map(SelfCognitionProcessor(NAME, AUTHOR))
+    dataset.encode()
+    # shuffle: with many epochs over 100 rows, a fixed order would be learned as well
+    dataloader = DataLoader(dataset=dataset, batch_size=8, shuffle=True)
+    model = TransformersModel(model_id=args.model_id)
+
+    from_scratch = args.model_id.startswith("bundled://")  # recipes without weights: see above
+    if not from_scratch:
+        lora_config = LoraConfig(r=8, lora_alpha=32, target_modules="all-linear")
+        model.add_adapter_to_model("default", lora_config)
+    model.set_optimizer(optimizer_cls="AdamW", lr=1e-2 if from_scratch else 1e-4)
+    total_steps = args.epochs * len(dataloader)
+    if args.max_steps is not None:
+        total_steps = min(total_steps, args.max_steps)
+    model.set_lr_scheduler(
+        scheduler_cls="CosineWarmupScheduler",
+        num_warmup_steps=total_steps // 20,
+        num_training_steps=total_steps,
+    )
+    logger.info(get_device_placement())
+    logger.info(model.get_train_configs())
+
+    progress = tqdm(total=total_steps, desc="training", unit="step")
+    for epoch in range(args.epochs):
+        for batch in dataloader:
+            output = model.forward_backward(inputs=batch)
+            model.clip_grad_and_step()
+            progress.update()
+            progress.set_postfix(loss=f"{output.loss:.3f}")
+            if progress.n == total_steps:
+                break
+        # the mean over the epoch: one batch's loss jumps with what the batch holds
+        metric = model.calculate_metric(is_training=True)
+        progress.write(f"epoch {epoch + 1}: loss {metric['loss']:.3f}, lr {metric['lr']:.2e}")
+        if progress.n == total_steps:
+            break
+    progress.close()
+
+    consumed = dataloader.get_state()["consumed_train_samples"]
+    path = model.save(
+        "last-checkpoint", output_dir=args.output_dir, consumed_train_samples=consumed
+    )
+    logger.info(f"checkpoint saved to {path} after {time.perf_counter() - started:.0f}s")
+
+    # The prompt is rendered as in training, up to where the reply starts.
+    template = build_template("Qwen3_5Template", model_id=args.model_id)
+    print(f"\nQ: {QUESTION}\nA: {answer(model, template, QUESTION)}", flush=True)
 
 
 if __name__ == "__main__":

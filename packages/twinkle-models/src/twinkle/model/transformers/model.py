@@ -177,6 +177,14 @@ class TransformersModel(TwinkleModel):
             self.model.set_adapter(state.name)
         self._active = state.name
 
+    def _train_mode(self) -> None:
+        """Put the model in training mode, only when it is not: ``Module.train()`` walks every
+        submodule, 2.5 ms a call on a 31M model with LoRA and 9 ms on a 4B one, on each step.
+        Modules added later start in training mode; ``forward_only`` still calls ``eval()``
+        every time, since an adapter added after it would otherwise stay in training mode."""
+        if not self.model.training:
+            self.model.train()
+
     @remote_function(dispatch="all", collect="first")
     def add_adapter_to_model(
         self,
@@ -501,7 +509,7 @@ class TransformersModel(TwinkleModel):
         """
         state = self._state(adapter_name)
         self._activate(state)
-        self.model.train()
+        self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
         if self._check_task(task) == "embedding":
@@ -541,7 +549,7 @@ class TransformersModel(TwinkleModel):
         """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
         state = self._state(adapter_name)
         self._activate(state)
-        self.model.train()
+        self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
         batch = self._collate(inputs, state)
