@@ -164,7 +164,7 @@ def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path, batch, monk
     def crash(folder, record):  # everything but the completeness marker is written
         raise OSError("disk full")
 
-    monkeypatch.setattr("twinkle.model.transformers.model.write_record", crash)
+    monkeypatch.setattr("twinkle.model.transformers.checkpointing.write_record", crash)
     with pytest.raises(OSError, match="disk full"):
         model.save("last", output_dir=tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["last"]  # the temporary folder is gone

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,32 +30,11 @@ from twinkle.loss import (
 from twinkle.mesh import DeviceMesh, Platform
 from twinkle.metric import MetricCollection, build_metric, build_train_metrics
 from twinkle.model.base import TwinkleModel
-from twinkle.model.checkpoint import (
-    OPTIMIZER_FILE,
-    RNG_FILE,
-    SCHEDULER_FILE,
-    TRAINER_STATE,
-    CheckpointError,
-    CheckpointRecord,
-    atomic_folder,
-    check_name,
-    library_versions,
-    load_state_dict,
-    read_record,
-    write_record,
-)
 from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
 from twinkle.model.precision import autocast, resolve_precision
-from twinkle.model.rng_state import capture_rng_state, restore_rng_state
 from twinkle.model.train_state import FULL_MODEL, TrainState
+from twinkle.model.transformers.checkpointing import CheckpointingMixin
 from twinkle.model.transformers.loading import load_causal_lm
-from twinkle.model.transformers.merge import merged_state_dict
-from twinkle.model.transformers.weights import (
-    load_adapter_weights,
-    load_full_weights,
-    save_adapter,
-    save_full,
-)
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.processor import InputProcessor
 from twinkle.template import build_template
@@ -81,7 +59,7 @@ def _default_device() -> torch.device:
 
 
 @remote_class(execute="all")
-class TransformersModel(TwinkleModel):
+class TransformersModel(CheckpointingMixin, TwinkleModel):
     """A causal LM from a hub id, a local folder or a bundled id (``bundled://tiny-qwen3``).
 
     ``mixed_precision='auto'`` autocasts to bf16 where the device computes it
@@ -707,257 +685,6 @@ class TransformersModel(TwinkleModel):
             for _ in range(calls):
                 state.lr_scheduler.step()
         return norm
-
-    # ---- checkpoints ----------------------------------------------------------------------
-
-    @remote_function(dispatch="all", collect="first")
-    def save(
-        self,
-        name: str,
-        output_dir: str | os.PathLike = "output",
-        *,
-        adapter_name: str | None = None,
-        save_optimizer: bool = True,
-        consumed_train_samples: int | None = None,
-        overwrite: bool = True,
-    ) -> str:
-        """Write the checkpoint folder ``output_dir/name`` and return its absolute path.
-
-        It holds the adapter (peft's layout) or, with no adapter, the full model as a
-        Hugging Face folder usable as ``model_id``; with ``save_optimizer`` the
-        optimizer and lr scheduler state; the random states, the step and
-        accumulation counters and ``consumed_train_samples`` (pass
-        ``dataloader.get_state()['consumed_train_samples']``). The folder appears
-        only when complete, and saving again under ``name`` replaces it
-        (``overwrite=False`` refuses); ``twinkle.model.checkpoint`` has the layout.
-        Saving changes no random state, so a run that saves continues exactly like
-        one that does not. Gradients accumulated since the last optimizer step are
-        not saved: save right after a step.
-        """
-        state = self._state(adapter_name)
-        final = Path(output_dir) / check_name(name)
-        if consumed_train_samples is not None and (
-            isinstance(consumed_train_samples, bool)
-            or not isinstance(consumed_train_samples, int)
-            or consumed_train_samples < 0
-        ):
-            raise ValueError(
-                f"consumed_train_samples must be a non-negative int or None, got "
-                f"{consumed_train_samples!r}"
-            )
-        if state.pending_tokens > 0 or state.accumulated_calls > 0:
-            logger.warning(
-                f"saving {final} between optimizer steps: the gradients accumulated since the "
-                f"last step are not saved, and a resume starts from the last step's weights"
-            )
-        record = CheckpointRecord(
-            kind="full" if state.name == FULL_MODEL else "adapter",
-            step=state.step,
-            accumulated_calls=state.accumulated_calls,
-            gradient_accumulation_steps=state.gradient_accumulation_steps,
-            consumed_train_samples=consumed_train_samples,
-            model_id=self.model_id,
-            versions=library_versions(),
-        )
-        rng = capture_rng_state(self.device.type)
-        with atomic_folder(final, marker=TRAINER_STATE, overwrite=overwrite) as folder:
-            if record.kind == "adapter":
-                record.adapter_name = state.name
-                record.adapter_config = save_adapter(self.model, state.name, folder)
-            else:
-                save_full(self._hf_model(), folder, self.model_dir)
-            if save_optimizer and state.optimizer is not None:
-                torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
-                record.optimizer = type(state.optimizer).__name__
-                if state.lr_scheduler is not None:
-                    torch.save(state.lr_scheduler.state_dict(), folder / SCHEDULER_FILE)
-                    record.lr_scheduler = type(state.lr_scheduler).__name__
-            torch.save(rng, folder / RNG_FILE)
-            write_record(folder, record)
-        return str(final.absolute())
-
-    @remote_function(dispatch="all", collect="first")
-    def load(
-        self,
-        path: str | os.PathLike,
-        *,
-        adapter_name: str | None = None,
-        load_optimizer: bool = False,
-    ) -> None:
-        """Load the weights of a checkpoint written by ``save``.
-
-        An adapter checkpoint loads into the adapter of its saved name (or
-        ``adapter_name``), which is added from the checkpoint when the model lacks
-        it; a full checkpoint loads into a model without adapters.
-        ``load_optimizer=True`` also restores what ``resume_from_checkpoint``
-        restores (optimizer, lr scheduler, counters, random states), with the same
-        requirement that the optimizer and scheduler are set up first.
-        """
-        self._restore_checkpoint(path, adapter_name, training_state=load_optimizer)
-
-    @remote_function(dispatch="all", collect="first")
-    def resume_from_checkpoint(
-        self,
-        path: str | os.PathLike,
-        resume_only_model: bool = False,
-        *,
-        adapter_name: str | None = None,
-    ) -> dict[str, int]:
-        """Continue the run that wrote ``path``; returns ``consumed_train_samples`` and ``step``.
-
-        Restores the weights and, unless ``resume_only_model``, the optimizer and lr
-        scheduler state, the step and accumulation counters and the random states
-        (last), so the next steps reproduce the uninterrupted run's losses bit for
-        bit on the same hardware. The state loads into the objects the run sets up:
-        call it after ``add_adapter_to_model``, ``set_optimizer`` and
-        ``set_lr_scheduler``, as the original run called them (resuming before they
-        exist is an error saying so). A full-parameter run builds the model with
-        ``model_id=<checkpoint>`` first. The returned values come from the
-        checkpoint even with ``resume_only_model``; pass ``consumed_train_samples``
-        to ``dataloader.resume_from_checkpoint`` to skip the data already trained on.
-        """
-        record = self._restore_checkpoint(path, adapter_name, training_state=not resume_only_model)
-        consumed = record.consumed_train_samples
-        if consumed is None:
-            logger.warning(
-                f"{path} records no consumed_train_samples (save(..., consumed_train_samples="
-                f"dataloader.get_state()['consumed_train_samples']) records it): returning 0"
-            )
-            consumed = 0
-        return {"consumed_train_samples": consumed, "step": record.step}
-
-    @remote_function(dispatch="all", collect="first")
-    def merge_and_export(
-        self,
-        output_dir: str | os.PathLike,
-        *,
-        adapter_name: str | None = None,
-        overwrite: bool = True,
-    ) -> str:
-        """Write a plain Hugging Face model folder with the adapter merged into the weights.
-
-        The folder (config, safetensors, tokenizer files) loads with
-        ``AutoModelForCausalLM`` and as a ``model_id``, without peft. The model
-        being trained is left bit for bit as it was (see ``transformers.merge``).
-        With no adapter, the full model is written as it is. Returns the path.
-        """
-        state = self._state(adapter_name)
-        weights = None if state.name == FULL_MODEL else merged_state_dict(self.model, state.name)
-        with atomic_folder(output_dir, marker="config.json", overwrite=overwrite) as folder:
-            save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
-        return str(Path(output_dir).absolute())
-
-    def _restore_checkpoint(
-        self, path: str | os.PathLike, adapter_name: str | None, training_state: bool
-    ) -> CheckpointRecord:
-        """Load the weights and, with ``training_state``, everything else a resume needs."""
-        folder, record = read_record(path)
-        target = self._checkpoint_target(folder, record, adapter_name)
-        saved = self._read_training_state(folder, record, target) if training_state else None
-        state = self._load_checkpoint_weights(folder, record, target)
-        if saved is not None:
-            self._restore_training_state(folder, record, state, saved)
-        return record
-
-    def _checkpoint_target(
-        self, folder: Path, record: CheckpointRecord, adapter_name: str | None
-    ) -> str:
-        """The state a checkpoint loads into: FULL_MODEL or an adapter name (maybe new)."""
-        if record.kind == "full":
-            if adapter_name is not None or self.adapter_names:
-                raise CheckpointError(
-                    f"{folder} holds a full model, not an adapter; load it into a model "
-                    f"without adapters, e.g. TransformersModel(model_id={str(folder)!r})"
-                )
-            return FULL_MODEL
-        if adapter_name is not None:
-            return adapter_name
-        if record.adapter_name in self._states or not self.adapter_names:
-            return record.adapter_name
-        raise CheckpointError(
-            f"{folder} holds adapter {record.adapter_name!r}, which this model lacks (it has "
-            f"{', '.join(self.adapter_names)}): pass adapter_name= to load it into one of them"
-        )
-
-    def _read_training_state(
-        self, folder: Path, record: CheckpointRecord, target: str
-    ) -> dict[str, Any]:
-        """The saved optimizer, scheduler and RNG states, once checked to fit this run's set-up:
-        a resume that cannot complete fails here, before anything changes."""
-        state = self._states.get(target)
-        setup = f"set_optimizer(...{'' if target == FULL_MODEL else f', adapter_name={target!r}'})"
-        if state is None:
-            raise CheckpointError(
-                f"resuming {folder} restores the optimizer of adapter {target!r}, which this "
-                f"model lacks: call add_adapter_to_model({target!r}, <its LoraConfig>), "
-                f"{setup} and set_lr_scheduler(...) as the original run did, then resume (or "
-                f"pass resume_only_model=True to restore the weights alone)"
-            )
-        for kind, saved_cls, current, call in (
-            ("optimizer", record.optimizer, state.optimizer, setup),
-            ("lr scheduler", record.lr_scheduler, state.lr_scheduler, "set_lr_scheduler(...)"),
-        ):
-            if saved_cls is not None and type(current).__name__ != saved_cls:
-                have = "none" if current is None else type(current).__name__
-                raise CheckpointError(
-                    f"{folder} holds {saved_cls} {kind} state, and this model's {kind} is {have}: "
-                    f"call {call} as the original run did before resume_from_checkpoint (or "
-                    f"pass resume_only_model=True to restore the weights alone)"
-                )
-        saved = {"rng": load_state_dict(folder / RNG_FILE), "optimizer": None, "scheduler": None}
-        if record.optimizer is not None:
-            saved["optimizer"] = load_state_dict(folder / OPTIMIZER_FILE)
-            sizes = [len(group["params"]) for group in saved["optimizer"]["param_groups"]]
-            expected = [len(group["params"]) for group in state.optimizer.param_groups]
-            if sizes != expected:
-                raise CheckpointError(
-                    f"{folder / OPTIMIZER_FILE} holds parameter groups of {sizes} tensors; this "
-                    f"optimizer's hold {expected}: train the same parameters as the original run"
-                )
-        if record.lr_scheduler is not None:
-            saved["scheduler"] = load_state_dict(folder / SCHEDULER_FILE)
-        return saved
-
-    def _load_checkpoint_weights(
-        self, folder: Path, record: CheckpointRecord, target: str
-    ) -> TrainState:
-        if target == FULL_MODEL:
-            load_full_weights(self._hf_model(), folder)
-        elif target in self._states:
-            load_adapter_weights(self.model, target, folder)
-        else:
-            self.add_adapter_to_model(target, folder, record.gradient_accumulation_steps)
-        return self._states[target]
-
-    def _restore_training_state(
-        self, folder: Path, record: CheckpointRecord, state: TrainState, saved: dict[str, Any]
-    ) -> None:
-        if saved["optimizer"] is not None:
-            state.optimizer.load_state_dict(saved["optimizer"])
-            state.optimizer.zero_grad(set_to_none=True)
-        elif state.optimizer is not None:
-            logger.warning(f"{folder} holds no optimizer state: the optimizer starts afresh")
-        if saved["scheduler"] is not None:
-            state.lr_scheduler.load_state_dict(saved["scheduler"])
-        if record.gradient_accumulation_steps != state.gradient_accumulation_steps:
-            logger.warning(
-                f"{folder} was trained with gradient_accumulation_steps="
-                f"{record.gradient_accumulation_steps}; continuing with "
-                f"{state.gradient_accumulation_steps}"
-            )
-        state.step, state.accumulated_calls = record.step, record.accumulated_calls
-        state.pending_tokens, state.window_start = 0.0, None
-        drift = {
-            name: (saved_version, current)
-            for name, current in library_versions().items()
-            if (saved_version := record.versions.get(name, current)) != current
-        }
-        if drift:
-            logger.warning(
-                f"{folder} was written with other library versions ({drift}): resumed losses "
-                f"may differ from the original run's in the last bits"
-            )
-        restore_rng_state(saved["rng"])  # last: nothing after it may draw
 
     # ---- reporting ------------------------------------------------------------------------
 
