@@ -29,7 +29,6 @@ import platform
 import random
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import datasets  # noqa: E402
 import transformers  # noqa: E402
+from provenance import commit
 
 from twinkle.dataset import Dataset, DatasetMeta  # noqa: E402
 from twinkle.hub import resolve_dataset  # noqa: E402
@@ -230,16 +230,6 @@ def bench_set(name: str, rows: Rows, runs: int, template: Qwen3_5Template) -> tu
         if mismatch:
             problems.append(f"{name}, {way}: {mismatch}")
     return table, problems
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "uncommitted"
 
 
 def main() -> int:

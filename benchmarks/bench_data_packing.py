@@ -18,7 +18,6 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from collections.abc import Callable
 import datasets
 import numpy as np
 import pyarrow as pa
+from provenance import commit
 
 from twinkle.dataset import Dataset, PackingDataset, pack_lengths, packing_efficiency
 from twinkle.utils import get_logger
@@ -74,16 +74,6 @@ def median_seconds(run: Callable[[], object]) -> float:
         run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "uncommitted"
 
 
 def main() -> int:

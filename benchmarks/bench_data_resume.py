@@ -19,10 +19,11 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+
+from provenance import commit
 
 from twinkle.data_format import InputFeature
 from twinkle.dataloader import DataLoader
@@ -57,16 +58,6 @@ def median_ms(fn: Callable[[], object]) -> float:
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "uncommitted"
 
 
 def main() -> int:

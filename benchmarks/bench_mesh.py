@@ -14,9 +14,10 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import timeit
+
+from provenance import commit
 
 from twinkle import remote_class, remote_function
 
@@ -52,16 +53,6 @@ def medians_ns(cases: dict[str, tuple[str, int]], namespace: dict) -> dict[str, 
         for name, (_, number) in cases.items():
             samples[name].append(timers[name].timeit(number) / number * 1e9)
     return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "uncommitted"
 
 
 def main() -> int:

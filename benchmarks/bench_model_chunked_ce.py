@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from provenance import commit
+
 VOCAB = 150_000
 TOKENS = 4096
 VARIANTS = ("torch F.cross_entropy", "CrossEntropyLoss", "ChunkedCrossEntropyLoss")
@@ -101,16 +103,6 @@ def measure(variant: str, hidden_size: int) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"{variant} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "uncommitted"
 
 
 def main() -> int:
