@@ -168,3 +168,24 @@ def test_streamed_steps_out_of_order():
         stream.encode()
     with pytest.raises(TypeError, match="IterableDataset takes a DatasetMeta"):
         IterableDataset(ROWS)
+
+
+def test_lazy_dataset_gives_plain_dicts_to_a_preprocessor_mapped_twice():
+    from twinkle.dataset import DatasetMeta, LazyDataset
+    from twinkle.preprocessor import Preprocessor
+
+    class Echo(Preprocessor):
+        seen: list[str] = []
+
+        def __call__(self, row):
+            self.seen.append(type(row).__name__)
+            if "messages" in row:
+                return row
+            return {"messages": [{"role": "user", "content": row["query"]}]}
+
+    echo = Echo()
+    lazy = LazyDataset(DatasetMeta(data=[{"query": "hi"}]))
+    lazy.map(echo)
+    lazy.map(echo)
+    lazy[0]
+    assert echo.seen == ["dict", "dict"]

@@ -230,3 +230,32 @@ def test_forward_calculate_loss_backward_equals_forward_backward(features):
     apart.backward()
     apart.clip_grad_and_step(max_grad_norm=1e9)
     assert_same_parameters(together, apart)
+
+
+def test_micro_batches_split_per_row_loss_arguments_too(features):
+    """GRPO advantages (one per row) must follow the rows into each micro-batch."""
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25])
+    whole, halves = lora_model(), lora_model()
+    for model in (whole, halves):
+        model.set_loss("GRPOLoss")
+    whole.forward_backward(features, advantages=advantages)
+    halves.forward_backward(features, advantages=advantages, micro_batch_size=3)
+    for model in (whole, halves):
+        model.clip_grad_and_step(max_grad_norm=1e9)
+    assert_same_parameters(whole, halves)
+
+
+def test_models_that_rescale_logits_keep_the_plain_logits_path(monkeypatch):
+    from transformers import GraniteConfig
+
+    from twinkle.model.transformers import model as model_module
+
+    config = GraniteConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, logits_scaling=8.0,
+    )  # fmt: skip
+    model = TransformersModel(config=config)
+    batch = [{"input_ids": [1, 2, 3, 4, 5], "labels": [-100, 2, 3, 4, 5]}]
+    plain = model.forward_only(batch).loss
+    monkeypatch.setattr(model_module, "prefers_chunked", lambda *args: True)
+    assert model.forward_only(batch).loss == pytest.approx(plain, abs=1e-6)

@@ -91,12 +91,13 @@ class LazyDataset:
             raise TypeError(f"a LazyDataset is indexed by an int, got {index!r}")
         row = self._rows[int(index)]
         value: Any = public(row)
-        for preprocessor in self._preprocessors:
+        last = len(self._preprocessors) - 1
+        for step, preprocessor in enumerate(self._preprocessors):
             try:
                 value = as_trajectory(preprocessor(value))
             except Exception as error:
                 raise _row_error(row, error, None) from error
-            if preprocessor is not self._preprocessors[-1]:
+            if step < last:  # by position: the same preprocessor may be mapped twice
                 value = trajectory_dict(value)
         if self.stage != ENCODED:
             return value

@@ -41,7 +41,10 @@ def _overlapping_tokens(encoding: Encoding, start: int, end: int) -> tuple[int, 
         if first is not None and last is not None:
             # ...plus the tokens after it that share that character (byte-level BPE splits
             # a multi-byte character into several tokens with the same offsets).
-            while last + 1 < len(encoding) and encoding.token_to_chars(last + 1)[0] < end:
+            while last + 1 < len(encoding):
+                chars = encoding.token_to_chars(last + 1)  # None for a token with no text
+                if chars is None or chars[0] >= end:
+                    break
                 last += 1
             return first, last + 1
     # An empty span, or an end character no token holds (a normalizer dropped it).

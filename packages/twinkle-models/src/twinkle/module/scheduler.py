@@ -1,6 +1,7 @@
 """Learning-rate schedules with linear warmup, by name.
 
-Step ``s`` is the number of ``scheduler.step()`` calls so far (one per optimizer step), and
+Step ``s`` is the number of ``scheduler.step()`` calls so far (TransformersModel makes one per
+``clip_grad_and_step`` call, i.e. per batch, whatever the gradient accumulation), and
 the learning rate of each parameter group is ``peak * factor(s)`` with ``peak`` its initial lr
 (or ``max_lr``). With ``W`` warmup steps, ``N`` training steps and ``m = min_lr_ratio``:
 
@@ -51,7 +52,7 @@ for _name in dir(torch.optim.lr_scheduler):
 
 def _steps(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int (a number of optimizer steps), got {value!r}")
+        raise TypeError(f"{name} must be an int (a number of scheduler steps), got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
@@ -132,8 +133,9 @@ class _DecayScheduler(_WarmupScheduler):
         total = _alias("num_training_steps", num_training_steps, "lr_decay_steps", lr_decay_steps)
         if total is None:
             raise ValueError(
-                f"{type(self).__name__} needs num_training_steps: the number of optimizer steps "
-                "of the run (batches // gradient_accumulation_steps)"
+                f"{type(self).__name__} needs num_training_steps: the number of scheduler steps "
+                "of the run, which with TransformersModel is its number of clip_grad_and_step "
+                "calls (batches, e.g. len(dataloader) per epoch)"
             )
         self.num_training_steps = _steps("num_training_steps", total, 1)
         if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, numbers.Real):

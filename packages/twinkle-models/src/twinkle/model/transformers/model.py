@@ -315,21 +315,27 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     @staticmethod
-    def _micro_batches(batch: dict, micro_batch_size: int | None) -> list[dict]:
+    def _micro_batches(
+        batch: dict, loss_kwargs: dict, micro_batch_size: int | None
+    ) -> list[tuple[dict, dict]]:
+        """Split the batch, and the per-row loss arguments (advantages, old_logps, ...) with it."""
         rows = batch["input_ids"].shape[0]
         if micro_batch_size is None or micro_batch_size >= rows:
-            return [batch]
+            return [(batch, loss_kwargs)]
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        return [
-            {
+
+        def rows_of(values: dict, i: int) -> dict:
+            return {
                 k: v[i : i + micro_batch_size]
-                if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows
+                if (torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows)
+                or (isinstance(v, list | tuple) and len(v) == rows)
                 else v
-                for k, v in batch.items()
+                for k, v in values.items()
             }
-            for i in range(0, rows, micro_batch_size)
-        ]
+
+        starts = range(0, rows, micro_batch_size)
+        return [(rows_of(batch, i), rows_of(loss_kwargs, i)) for i in starts]
 
     # ---- forward and backward -------------------------------------------------------------
 
@@ -350,21 +356,21 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         chunked = (
             labels is not None
             and type(head) is torch.nn.Linear
+            and not _scales_logits(base.config)
             and prefers_chunked(labels.numel(), head.out_features)
         )
+        # The head matmul of the chunked path runs under the same autocast as the model.
         with autocast(self.precision, self.device.type):
             if chunked:
                 hidden = base.get_decoder()(**model_inputs, use_cache=False).last_hidden_state
+                result = chunked_logps(hidden, head.weight, labels, head.bias)
+                outputs = {}
             else:
                 logits = self.model(**model_inputs, use_cache=False).logits
-        if labels is None:
-            return {"logits": logits.float()}
-        if chunked:
-            result = chunked_logps(hidden, head.weight, labels, head.bias)
-            outputs = {}
-        else:
-            outputs = {"logits": logits}
-            result = logps_from_logits(logits, labels)
+                if labels is None:
+                    return {"logits": logits.float()}
+                result = logps_from_logits(logits, labels)
+                outputs = {"logits": logits}
         outputs.update(logps=result.logps, pred_ids=result.predicted_ids)
         return outputs
 
@@ -499,9 +505,9 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             return self._embedding_pass(inputs, state, state.metrics, backward=True, **loss_kwargs)
         batch = self._collate(inputs, state)
         loss_sum, tokens, logps = 0.0, 0.0, []
-        for micro in self._micro_batches(batch, micro_batch_size):
+        for micro, micro_kwargs in self._micro_batches(batch, loss_kwargs, micro_batch_size):
             outputs = self._forward(micro)
-            loss, num_tokens = self._loss(micro, outputs, state, **loss_kwargs)
+            loss, num_tokens = self._loss(micro, outputs, state, **micro_kwargs)
             self._backward(state, micro, outputs, loss, num_tokens)
             loss_sum, tokens = loss_sum + float(loss.detach()), tokens + num_tokens
             logps.append(outputs["logps"].detach().cpu())
@@ -716,6 +722,16 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             f"gradient checkpointing: {self.gradient_checkpointing}",
         ]
         return "\n".join(lines)
+
+
+def _scales_logits(config) -> bool:
+    """Whether the model changes its logits after the head (Gemma's soft-capping, Cohere's
+    logit_scale, Granite's logits_scaling): the chunked path applies the bare head, so such
+    models keep the plain logits path."""
+    capping = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", 1.0)
+    scaling = getattr(config, "logits_scaling", 1.0)
+    return bool(capping) or scale not in (None, 1, 1.0) or scaling not in (None, 1, 1.0)
 
 
 def _pad_cat(rows: list[torch.Tensor]) -> torch.Tensor:
