@@ -18,13 +18,15 @@ nox.options.error_on_missing_interpreters = True
 ROOT = Path(__file__).parent
 PACKAGES = ["mesh", "data", "kernels", "models", "rl", "server", "client", "kit"]
 # Extras a package's own tests need beyond its dependencies and its "test" group.
-TEST_EXTRAS = {"mesh": ["torch"], "data": ["modelscope"]}
+TEST_EXTRAS = {"mesh": ["torch", "ray"], "data": ["modelscope"]}
 # The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
 UV = (sys.executable, "-m", "uv")
 # These machines set PYTHONDONTWRITEBYTECODE, so every process (each torchrun rank) would
 # recompile torch's imports: seconds each. An empty value lets Python cache bytecode again,
 # lazily, for the modules a session really imports.
 BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": ""}
+# Extras that install only on a GPU machine (vLLM pins its own torch; fla breaks CPU imports).
+GPU_ONLY_EXTRAS = ("--no-extra=vllm", "--no-extra=fla")
 
 
 def uv_sync(session: nox.Session, *args: str) -> None:
@@ -80,7 +82,7 @@ def _install_wheels(session: nox.Session, wheels: list[str], package: str | None
     selection = [f"--package={package}"] if package else ["--all-packages"]
     session.run(
         *UV, "export", "--quiet", "--frozen", "--no-emit-workspace", "--no-dev", "--no-hashes",
-        "--all-extras", *selection, "-o", str(pins), external=True,
+        "--all-extras", *GPU_ONLY_EXTRAS, *selection, "-o", str(pins), external=True,
     )  # fmt: skip
     session.install("-r", str(pins), *wheels)
 
