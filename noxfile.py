@@ -18,7 +18,7 @@ nox.options.error_on_missing_interpreters = True
 ROOT = Path(__file__).parent
 PACKAGES = ["mesh", "data", "kernels", "models", "rl", "server", "client", "kit"]
 # Extras a package's own tests need beyond its dependencies and its "test" group.
-TEST_EXTRAS = {"mesh": ["torch", "ray"], "data": ["modelscope"]}
+TEST_EXTRAS = {"mesh": ["torch", "ray"], "data": ["modelscope"], "models": ["ray"]}
 # The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
 UV = (sys.executable, "-m", "uv")
 # These machines set PYTHONDONTWRITEBYTECODE, so every process (each torchrun rank) would
@@ -117,8 +117,10 @@ def bench_mesh(session: nox.Session) -> None:
     _run_benchmarks(session, "twinkle-mesh", "bench_mesh.py")
 
 
-def _run_benchmarks(session: nox.Session, package: str, *scripts: str) -> None:
-    uv_sync(session, f"--package={package}")
+def _run_benchmarks(
+    session: nox.Session, package: str, *scripts: str, extras: tuple[str, ...] = ()
+) -> None:
+    uv_sync(session, f"--package={package}", *(f"--extra={e}" for e in extras))
     for script in scripts:
         session.run("python", str(ROOT / "benchmarks" / script), *session.posargs)
 
@@ -141,3 +143,35 @@ def bench_model(session: nox.Session) -> None:
     _run_benchmarks(
         session, "twinkle-models", "bench_model_overhead.py", "bench_model_chunked_ce.py"
     )
+
+
+@nox.session(name="bench-parallel", default=False)
+def bench_parallel(session: nox.Session) -> None:
+    """Padding-free against padded tokens/s; FSDP2 against DDP bytes on the wire per step."""
+    _run_benchmarks(
+        session, "twinkle-models", "bench_parallel_packing.py", "bench_parallel_comm.py"
+    )
+
+
+@nox.session(name="bench-ray", default=False)
+def bench_ray(session: nox.Session) -> None:
+    """@remote_function over Ray actors against raw actor calls; driver bytes with lazy collect."""
+    _run_benchmarks(session, "twinkle-kit", "bench_ray.py", extras=("ray",))
+
+
+@nox.session(name="bench-rl", default=False)
+def bench_rl(session: nox.Session) -> None:
+    """TorchSampler against transformers' generate; weight sync; one GRPO step by stage."""
+    _run_benchmarks(session, "twinkle-rl", "bench_rl.py")
+
+
+@nox.session(name="bench-server", default=False)
+def bench_server(session: nox.Session) -> None:
+    """forward_backward over HTTP with 1, 4 and 16 tenants against in process; LoRA slot churn."""
+    _run_benchmarks(session, "twinkle-kit", "bench_server.py")
+
+
+@nox.session(name="bench-megatron", default=False)
+def bench_megatron(session: nox.Session) -> None:
+    """HF to Megatron conversion time; CPU step time per layout against TransformersModel."""
+    _run_benchmarks(session, "twinkle-models", "bench_megatron.py", extras=("megatron",))

@@ -85,17 +85,10 @@ def test_seed_makes_random_numpy_and_torch_reproducible():
     assert all(a != b for a, b in zip(first, other, strict=True))
 
 
-@pytest.mark.parametrize(
-    ("mode", "message"),
-    [
-        ("ray", r"Ray mode \(DeviceGroups as placement groups\) is not implemented yet"),
-        ("http", r"HTTP mode \(the twinkle-server service\) is not implemented yet"),
-    ],
-)
-def test_ray_and_http_say_they_are_not_implemented(mode, message):
+def test_http_says_it_is_not_implemented():
     groups = [DeviceGroup(name="model", ranks=2, device_type="cpu")]
-    with pytest.raises(NotImplementedError, match=message):
-        twinkle.initialize(mode, groups=groups, nproc_per_node=2)
+    with pytest.raises(NotImplementedError, match=r"HTTP mode \(the twinkle-server service\)"):
+        twinkle.initialize("http", groups=groups, nproc_per_node=2)
     assert get_mode() == "local" and get_device_groups() == []
 
 

@@ -8,12 +8,14 @@ from typing import Any
 import torch
 
 from twinkle.data_format import InputFeature
+from twinkle.infra import remote_class, remote_function
 from twinkle.processor.sequences import IGNORE_INDEX, TokenRow, to_token_rows
 from twinkle.utils import Registry
 
 PADDING_SIDES = ("right", "left")
 
 
+@remote_class(execute="first")
 class InputProcessor:
     """Collates the features a DataLoader yields into the tensors a model takes.
 
@@ -79,6 +81,7 @@ class InputProcessor:
         self.padding_free = padding_free
         self.pad_to_multiple_of = pad_to_multiple_of
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def __call__(
         self, features: Sequence[InputFeature | Mapping[str, Any]]
     ) -> dict[str, torch.Tensor | int]:
@@ -143,6 +146,7 @@ class InputProcessor:
             batch["labels"] = torch.cat(labels).long().view(1, -1)
         return batch
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def unpack(
         self, per_token_output: torch.Tensor, batch_inputs: Mapping[str, Any]
     ) -> list[torch.Tensor]:

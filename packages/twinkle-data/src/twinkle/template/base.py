@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from twinkle.data_format import InputFeature, Trajectory
 from twinkle.hub import resolve_model
+from twinkle.infra import remote_class, remote_function
 from twinkle.template.conversation import (
     Conversation,
     TrainTurns,
@@ -37,6 +38,7 @@ def load_tokenizer(model_id: str, **tokenizer_kwargs: Any) -> PreTrainedTokenize
     return AutoTokenizer.from_pretrained(str(resolve_model(model_id)), **tokenizer_kwargs)
 
 
+@remote_class(execute="first")
 class Template:
     """Encode trajectories into InputFeatures with the tokenizer's own chat template.
 
@@ -137,6 +139,7 @@ class Template:
         if enable_thinking is not None:
             self._variables["enable_thinking"] = enable_thinking
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def encode(
         self,
         trajectory: Trajectory | Mapping[str, Any],
@@ -154,6 +157,7 @@ class Template:
         """
         return self.batch_encode([trajectory], add_generation_prompt, train_turns=train_turns)[0]
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def batch_encode(
         self,
         trajectories: Sequence[Trajectory | Mapping[str, Any]],
@@ -204,6 +208,7 @@ class Template:
             features.append(None if kept is None else self._feature(conv.trajectory, *kept))
         return features
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def render(
         self, trajectory: Trajectory | Mapping[str, Any], add_generation_prompt: bool = False
     ) -> str:
@@ -218,6 +223,7 @@ class Template:
         )
         return self._render(conv.messages, conv.tools, add_generation_prompt, False, 0).text
 
+    @remote_function(dispatch="all", execute="first", collect="first")
     def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
         """Token ids (a list, array or tensor) back to text. With the default
         ``skip_special_tokens=False``, decoding ``encode(...)['input_ids']`` gives back the

@@ -4,6 +4,7 @@ from twinkle.infra.collect import COLLECT_MODES, collect
 from twinkle.infra.dispatch import DISPATCH_MODES, dispatch
 from twinkle.infra.initialize import initialize
 from twinkle.infra.placement import get_device_placement
+from twinkle.infra.ray_errors import RemoteError
 from twinkle.infra.remote import (
     EXECUTE_MODES,
     RemoteClassSpec,
@@ -17,6 +18,7 @@ from twinkle.infra.state import (
     get_global_device_mesh,
     get_lazy_collect,
     get_mode,
+    get_worker_group,
     reset,
 )
 
@@ -26,6 +28,7 @@ __all__ = [
     "EXECUTE_MODES",
     "MODES",
     "RemoteClassSpec",
+    "RemoteError",
     "RemoteSpec",
     "collect",
     "dispatch",
@@ -34,6 +37,7 @@ __all__ = [
     "get_global_device_mesh",
     "get_lazy_collect",
     "get_mode",
+    "get_worker_group",
     "initialize",
     "remote_class",
     "remote_function",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,18 +39,37 @@ def initialize(
     ``@remote_function(lazy_collect=None)``. ``seed`` seeds Python's random,
     numpy and torch (when installed) with the same value on every rank.
 
-    ``'ray'`` and ``'http'`` are not implemented yet and raise
-    NotImplementedError; ``kwargs`` are reserved for their options.
+    ``'ray'`` attaches this driver to a Ray cluster, or starts a local one (see
+    ``twinkle.infra.ray_runtime``), checks that the cluster can hold every group
+    (a clear error names the group and what is missing) and reserves a placement
+    group per DeviceGroup. Components built with ``remote_group=`` then live on
+    the group's workers; without it they run here. Options: ``address`` (a Ray
+    address; default: the running cluster, else a new local one) and
+    ``ray_init_kwargs`` (passed to ``ray.init`` when this process starts Ray,
+    e.g. ``{'num_cpus': 4, 'include_dashboard': False}``). ``global_device_mesh``
+    is the mesh of a group with as many workers as it has ranks; other groups
+    get data parallel over their workers. Calling ``initialize`` again stops the
+    previous groups' workers.
+
+    ``'http'`` is not implemented yet and raises NotImplementedError.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(map(repr, MODES))}")
     device_groups = validate_device_groups(groups or [])
     _check_arguments(nproc_per_node, global_device_mesh, lazy_collect, seed)
+    if "twinkle.infra.ray_runtime" in sys.modules:  # leave no workers of an earlier run behind
+        sys.modules["twinkle.infra.ray_runtime"].shutdown()
     if mode == "ray":
-        raise NotImplementedError(
-            "Ray mode (DeviceGroups as placement groups) is not implemented yet; "
-            "use twinkle.initialize('local') under python or torchrun for now"
+        _start_ray(device_groups, nproc_per_node, global_device_mesh, lazy_collect, kwargs)
+        if seed is not None:
+            _seed_everything(seed)
+        set_state(
+            mode=mode,
+            device_groups=device_groups,
+            global_device_mesh=global_device_mesh,
+            lazy_collect=lazy_collect,
         )
+        return
     if mode == "http":
         raise NotImplementedError(
             "HTTP mode (the twinkle-server service) is not implemented yet; "
@@ -65,6 +85,33 @@ def initialize(
         _seed_everything(seed)
     set_state(
         mode=mode, device_groups=device_groups, global_device_mesh=mesh, lazy_collect=lazy_collect
+    )
+
+
+def _start_ray(
+    groups: list[DeviceGroup],
+    nproc_per_node: int | None,
+    mesh: DeviceMesh | None,
+    lazy_collect: bool,
+    options: dict[str, Any],
+) -> None:
+    unknown = sorted(set(options) - {"address", "ray_init_kwargs"})
+    if unknown:
+        raise TypeError(
+            f"initialize('ray') got unexpected options {unknown}; ray mode takes "
+            "nproc_per_node, groups, global_device_mesh, lazy_collect, seed, address and "
+            "ray_init_kwargs"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("ray mode needs Ray: pip install 'twinkle-mesh[ray]'")
+    from twinkle.infra import ray_runtime
+
+    ray_runtime.start(
+        groups,
+        nproc_per_node=nproc_per_node,
+        global_device_mesh=mesh,
+        lazy_collect=lazy_collect,
+        **options,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from twinkle.infra.state import get_device_groups, get_global_device_mesh, get_mode
 from twinkle.mesh import DeviceMesh, Platform
 
@@ -62,9 +64,15 @@ def get_device_placement() -> str:
         lines += ["Device groups:", *_table(headers, rows)]
     else:
         lines.append("Device groups: none")
+    runtime = sys.modules.get("twinkle.infra.ray_runtime")  # loaded only in ray mode
+    if runtime is not None and get_mode() == "ray":
+        lines += runtime.describe(_table)
     lines.append("")
     if mesh is None:
-        lines.append("Global mesh: not set (twinkle.initialize has not been called)")
+        if get_mode() == "ray":
+            lines.append("Global mesh: not given (each group's workers use dp over the group)")
+        else:
+            lines.append("Global mesh: not set (twinkle.initialize has not been called)")
     else:
         lines += _mesh_lines(mesh, rank)
     return "\n".join(lines)

@@ -10,19 +10,23 @@ every subclass that defines one) rather than replacing the class, so the class
 object, its MRO, ``super()`` and pickling stay exactly as the user wrote them.
 
 ``_intercept_construction`` is the one place that changes how a remote class
-is built. Ray mode will hook in there, with a ``__new__`` that returns a proxy
-instead of an instance when a ``remote_group`` is given.
+is built: in the ray-mode driver, its ``__new__`` returns a RemoteComponent
+(``twinkle.infra.ray_component``) instead of an instance when a
+``remote_group`` is given; Python then skips ``__init__``, which runs on the
+group's workers instead. Everywhere else ``__new__`` builds the object as usual.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from twinkle.infra.collect import Collector, check_collect_mode
 from twinkle.infra.dispatch import Dispatcher, check_dispatch_mode
+from twinkle.infra.state import get_mode, get_worker_group
 
 EXECUTE_MODES = ("first", "all")
 _STRIPS_REMOTE_GROUP = "__twinkle_strips_remote_group__"
@@ -115,10 +119,46 @@ def _strip_remote_group(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
+def _builds_remotely(remote_group: str) -> bool:
+    """True in the ray-mode driver for a component given a group; a worker builds in process."""
+    if get_mode() != "ray":
+        return False
+    worker_group = get_worker_group()
+    if worker_group is not None and remote_group != worker_group:
+        raise ValueError(
+            f"a component for group {remote_group!r} was built on a worker of group "
+            f"{worker_group!r}; build components of other groups in the driver"
+        )
+    return worker_group is None
+
+
+def _intercept_new(cls: type) -> None:
+    """Give ``cls`` a ``__new__`` that hands construction to the ray backend when it applies."""
+    previous = cls.__new__
+
+    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
+        remote_group = kwargs.get("remote_group")
+        if remote_group is not None and _builds_remotely(remote_group):
+            _check_remote_group(remote_group)
+            from twinkle.infra.ray_component import build_remote
+
+            kwargs.pop("remote_group")
+            return build_remote(klass, args, kwargs, remote_group)
+        if previous is object.__new__:
+            return object.__new__(klass)
+        kwargs.pop("remote_group", None)
+        return previous(klass, *args, **kwargs)
+
+    # inspect.signature(cls) reads a class's own __new__ first: keep showing the user's __init__.
+    __new__.__signature__ = inspect.signature(cls.__init__)
+    cls.__new__ = staticmethod(__new__)
+
+
 def _intercept_construction(cls: type) -> None:
     """Wrap ``cls.__init__`` now and each subclass's own ``__init__`` when it is defined."""
     cls.remote_group = None
     cls.__init__ = _strip_remote_group(cls.__init__)
+    _intercept_new(cls)
     previous = cls.__dict__.get("__init_subclass__")
 
     def __init_subclass__(sub: type, **kwargs: Any) -> None:

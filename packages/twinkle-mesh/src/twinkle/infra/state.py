@@ -19,6 +19,7 @@ class _State:
     device_groups: list[DeviceGroup] = field(default_factory=list)
     global_device_mesh: DeviceMesh | None = None
     lazy_collect: bool = True
+    worker_group: str | None = None
 
 
 _state = _State()
@@ -30,10 +31,12 @@ def set_state(
     device_groups: list[DeviceGroup],
     global_device_mesh: DeviceMesh | None,
     lazy_collect: bool,
+    worker_group: str | None = None,
 ) -> None:
-    """Replace the recorded state (called by ``initialize`` once its checks have passed)."""
+    """Replace the recorded state (called by ``initialize`` once its checks have passed, and
+    by a Ray worker, which records the group it serves as ``worker_group``)."""
     global _state
-    _state = _State(mode, list(device_groups), global_device_mesh, lazy_collect)
+    _state = _State(mode, list(device_groups), global_device_mesh, lazy_collect, worker_group)
 
 
 def reset() -> None:
@@ -54,6 +57,11 @@ def get_device_groups() -> list[DeviceGroup]:
 def get_global_device_mesh() -> DeviceMesh | None:
     """The mesh of this process's ranks; None before ``initialize``."""
     return _state.global_device_mesh
+
+
+def get_worker_group() -> str | None:
+    """The DeviceGroup this process is a Ray worker of; None in the driver and in local mode."""
+    return _state.worker_group
 
 
 def get_lazy_collect() -> bool:
