@@ -13,6 +13,10 @@ keyword arguments of ``forward_backward`` or from ``inputs``:
 
 Per-sequence advantages and GSPO's sequence ratio treat a row as one sequence: do not
 pack several completions into one row for them.
+
+Each loss also returns ``policy_stats``: detached sums over the batch's label tokens (ratio
+statistics, clipped units, the k3 estimate of KL(sampler || policy), the reference KL) that
+``twinkle.metric.PolicyMetric`` turns into clip fraction, ratio, KL and mismatch figures.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class _Policy(NamedTuple):
     logps: torch.Tensor  # (B, T), differentiable
     log_ratio: torch.Tensor  # (B, T), logps - old_logps on label tokens, 0 elsewhere
     advantages: torch.Tensor  # (B,) or (B, T)
+    from_sampler: bool  # old_logps were given (else the batch is taken as on-policy)
 
 
 def _policy(
@@ -66,12 +71,49 @@ def _policy(
     logps = token_logps(outputs, labels, owner=owner).logps
     advantages = per_sequence_or_token(advantages, labels, name="advantages", dtype=logps.dtype)
     old = fetch("old_logps", inputs, kwargs, owner=owner, hint=_OLD_HINT)
+    from_sampler = old is not None
     if old is None:
         old = logps.detach()
     else:
         old = align_to_labels(old, labels, name="old_logps", dtype=logps.dtype)
     log_ratio = torch.where(mask, logps - old, 0)
-    return _Policy(labels, mask, num_tokens, logps, log_ratio, advantages)
+    return _Policy(labels, mask, num_tokens, logps, log_ratio, advantages, from_sampler)
+
+
+@torch.no_grad()
+def _policy_stats(
+    policy: _Policy,
+    clipped: torch.Tensor,
+    clip_units: torch.Tensor,
+    ref_kl: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Sums over the label tokens for PolicyMetric; ``clipped`` flags the units (tokens, or
+    sequences for GSPO) whose clip was active, out of ``clip_units``."""
+    log_ratio = policy.log_ratio[policy.mask]
+    ratio = torch.exp(log_ratio)
+    stats = {
+        "tokens": policy.mask.sum(),
+        "ratio_sum": ratio.sum(),
+        "ratio_dev_sq_sum": (ratio - 1).square().sum(),
+        "ratio_min": ratio.min(),
+        "ratio_max": ratio.max(),
+        "old_kl_sum": (ratio - 1 - log_ratio).sum(),
+        "abs_log_ratio_sum": log_ratio.abs().sum(),
+        "from_sampler": torch.tensor(policy.from_sampler),
+        "clipped": clipped.sum(),
+        "clip_units": clip_units,
+    }
+    if ref_kl is not None:
+        stats["ref_kl_sum"] = ref_kl.sum()
+    return stats
+
+
+def _clip_active(
+    ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> torch.Tensor:
+    """Where the clip decides the term: a positive advantage with the ratio above ``high``,
+    or a negative one with the ratio below ``low``."""
+    return ((advantages > 0) & (ratio > high)) | ((advantages < 0) & (ratio < low))
 
 
 def _check_epsilons(owner: str, epsilon: float, epsilon_high: float) -> None:
@@ -124,14 +166,20 @@ class GRPOLoss(Loss):
         if advantages.ndim == 1:
             advantages = advantages[:, None]
         ratio = torch.exp(policy.log_ratio)
-        per_token = -_clipped_objective(ratio, advantages, 1 - self.epsilon, 1 + self.epsilon_high)
+        low, high = 1 - self.epsilon, 1 + self.epsilon_high
+        per_token = -_clipped_objective(ratio, advantages, low, high)
+        ref_kl = None
         if self.beta > 0:
             ref = require("ref_logps", inputs, kwargs, owner=owner, hint=_REF_HINT)
             ref = align_to_labels(ref, policy.labels, name="ref_logps", dtype=policy.logps.dtype)
             delta = torch.where(policy.mask, ref - policy.logps, 0)
-            per_token = per_token + self.beta * (torch.exp(delta) - delta - 1)
+            kl = torch.exp(delta) - delta - 1
+            per_token = per_token + self.beta * kl
+            ref_kl = kl[policy.mask]
         loss = torch.where(policy.mask, per_token, 0).sum()
-        return {"loss": loss, "num_tokens": policy.num_tokens}
+        clipped = _clip_active(ratio, advantages.expand_as(ratio), low, high)[policy.mask]
+        stats = _policy_stats(policy, clipped, policy.num_tokens, ref_kl)
+        return {"loss": loss, "num_tokens": policy.num_tokens, "policy_stats": stats}
 
 
 @LOSSES.register
@@ -171,7 +219,10 @@ class GSPOLoss(Loss):
             ratio, policy.advantages, 1 - self.epsilon, 1 + self.epsilon_high
         )
         loss = torch.where(has_tokens, per_sequence, 0).sum()
-        return {"loss": loss, "num_tokens": has_tokens.sum()}
+        low, high = 1 - self.epsilon, 1 + self.epsilon_high
+        clipped = _clip_active(ratio, policy.advantages, low, high)[has_tokens]
+        stats = _policy_stats(policy, clipped, has_tokens.sum())
+        return {"loss": loss, "num_tokens": has_tokens.sum(), "policy_stats": stats}
 
 
 @LOSSES.register
@@ -207,7 +258,13 @@ class CISPOLoss(Loss):
         if advantages.ndim == 1:
             advantages = advantages[:, None]
         low = None if self.epsilon_low is None else 1 - self.epsilon_low
-        weight = torch.exp(policy.log_ratio).clamp(low, 1 + self.epsilon_high).detach()
+        ratio = torch.exp(policy.log_ratio)
+        weight = ratio.clamp(low, 1 + self.epsilon_high).detach()
         per_token = -weight * advantages * policy.logps
         loss = torch.where(policy.mask, per_token, 0).sum()
-        return {"loss": loss, "num_tokens": policy.num_tokens}
+        # CISPO caps the weight on either side whatever the advantage's sign.
+        capped = ratio > 1 + self.epsilon_high
+        if low is not None:
+            capped |= ratio < low
+        stats = _policy_stats(policy, capped[policy.mask], policy.num_tokens)
+        return {"loss": loss, "num_tokens": policy.num_tokens, "policy_stats": stats}

@@ -10,6 +10,7 @@ from twinkle.metric.completion import CompletionRewardMetric
 from twinkle.metric.defaults import build_train_metrics
 from twinkle.metric.embedding import EmbeddingMetric
 from twinkle.metric.loss import LossMetric
+from twinkle.metric.policy import PolicyMetric
 from twinkle.metric.scalar import ScalarMetric
 from twinkle.metric.throughput import ThroughputMetric
 
@@ -20,6 +21,7 @@ __all__ = [
     "LossMetric",
     "Metric",
     "MetricCollection",
+    "PolicyMetric",
     "ScalarMetric",
     "ThroughputMetric",
     "TokenAccuracyMetric",

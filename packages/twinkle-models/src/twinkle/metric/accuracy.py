@@ -71,6 +71,11 @@ class TokenAccuracyMetric(Metric):
         self._total = self._total + scored.sum()
         self._seen = True
 
+    def reduce_across(self, reduce_sum) -> None:
+        local = torch.tensor([int(self._correct), int(self._total), int(self._seen)])
+        correct, total, seen = reduce_sum(local).tolist()
+        self._correct, self._total, self._seen = correct, total, seen > 0
+
     def calculate(self) -> dict[str, float]:
         if not self._seen:
             return {}

@@ -14,14 +14,18 @@ A metric gathers numbers over many calls and reports them once:
 
 Conventions shared with ``twinkle.loss``: labels are not shifted (``labels[b, t]`` is the target
 at position t, -100 outside the loss; the logits at t-1 predict it) and ``logps`` are aligned
-with labels. Metrics are per process: under data parallelism each rank reports its own share.
+with labels. Metrics are per process: under data parallelism each rank accumulates its own
+share, and ``reduce_across(reduce_sum)`` (called by the model on every rank before ``calculate``)
+turns the accumulators into totals over the ranks, so every rank reports the global value.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from twinkle.utils import Registry
 
@@ -45,6 +49,13 @@ class Metric(ABC):
     @abstractmethod
     def reset(self) -> None:
         """Forget everything accumulated."""
+
+    def reduce_across(  # noqa: B027 - a deliberate no-op default: values stay per process
+        self, reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """Replace the accumulators by their sums over the data-parallel ranks (``reduce_sum`` is
+        a collective: every rank's metric must call it the same number of times, whatever it
+        saw). Metrics whose values are already global (a gradient norm, the lr) keep theirs."""
 
 
 METRICS: Registry[type[Metric]] = Registry("metric", base=Metric)

@@ -61,6 +61,10 @@ class MetricCollection(Metric):
         for metric in self._metrics:
             metric.reset()
 
+    def reduce_across(self, reduce_sum) -> None:
+        for metric in self._metrics:
+            metric.reduce_across(reduce_sum)
+
     def calculate_and_reset(self) -> dict[str, float]:
         result = self.calculate()
         self.reset()

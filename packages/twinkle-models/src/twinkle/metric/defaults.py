@@ -5,6 +5,7 @@ from __future__ import annotations
 from twinkle.metric.accuracy import TokenAccuracyMetric
 from twinkle.metric.base import Metric
 from twinkle.metric.loss import LossMetric
+from twinkle.metric.policy import PolicyMetric
 from twinkle.metric.scalar import ScalarMetric
 from twinkle.metric.throughput import ThroughputMetric
 
@@ -14,11 +15,12 @@ def build_train_metrics() -> dict[str, Metric]:
     ``accumulate(inputs, outputs, loss=<sum>, num_tokens=<normaliser>, input_tokens=<n>)`` and
     per optimizer step ``accumulate(None, None, grad_norm=..., lr=..., step_time=<seconds>)``;
     together they report loss, token_accuracy, tokens, tokens_per_second, step_time,
-    grad_norm and lr."""
+    grad_norm and lr, and, on RL batches, the ``policy/*`` figures of PolicyMetric."""
     return {
         "loss": LossMetric(),
         "token_accuracy": TokenAccuracyMetric(),
         "throughput": ThroughputMetric(),
         "grad_norm": ScalarMetric("grad_norm"),
         "lr": ScalarMetric("lr", reduction="last"),
+        "policy": PolicyMetric(),
     }

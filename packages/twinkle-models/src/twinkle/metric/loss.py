@@ -48,6 +48,11 @@ class LossMetric(Metric):
         self._num_tokens = self._num_tokens + scalar(num_tokens, "num_tokens")
         self._seen = True
 
+    def reduce_across(self, reduce_sum) -> None:
+        local = [float(self._loss_sum), float(self._num_tokens), float(self._seen)]
+        loss_sum, num_tokens, seen = reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        self._loss_sum, self._num_tokens, self._seen = loss_sum, num_tokens, seen > 0
+
     def calculate(self) -> dict[str, float]:
         if not self._seen:
             return {}

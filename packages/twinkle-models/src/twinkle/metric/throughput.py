@@ -56,6 +56,13 @@ class ThroughputMetric(Metric):
             self._seconds += seconds
             self._steps += 1
 
+    def reduce_across(self, reduce_sum) -> None:
+        """Tokens are summed over the ranks; step times stay this rank's (the ranks step
+        together), so tokens_per_second is the whole job's."""
+        local = torch.tensor([float(self._tokens), float(self._seen_tokens)], dtype=torch.float64)
+        tokens, seen = reduce_sum(local).tolist()
+        self._tokens, self._seen_tokens = tokens, seen > 0
+
     def calculate(self) -> dict[str, float]:
         result: dict[str, float] = {}
         if self._seen_tokens:

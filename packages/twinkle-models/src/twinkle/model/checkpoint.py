@@ -6,7 +6,10 @@ A checkpoint is one folder::
         adapter_config.json, adapter_model.safetensors      a LoRA adapter (peft's layout), or
         config.json, model*.safetensors, tokenizer files    a full Hugging Face model folder
         optimizer.pt, scheduler.pt                          optimizer and lr scheduler state_dicts
-        rng_state.pt                                        Python, numpy, torch (and device) RNGs
+        optimizer/                                          or: the optimizer state sharded over
+                                                            ranks (torch.distributed.checkpoint)
+        rng_state.pt, rng_state.rank<r>.pt                  Python, numpy, torch (and device) RNGs
+                                                            of rank 0 (or the one process), rank r
         trainer_state.json                                  counters, versions; written last
 
 It is written into a temporary sibling folder (``.<name>.tmp-*``) and renamed into
@@ -20,8 +23,10 @@ copy cut short, a crashed save's leftover) is refused.
 ``.pt`` files are torch state_dicts of tensors and plain values, read back with
 ``torch.load(weights_only=True)``, which never unpickles arbitrary objects.
 
-Scope: a model held whole by one process (the random states are that process's);
-a model sharded over several processes is not covered by this layout.
+Under torchrun, rank 0 writes the weights (gathered from the shards into one Hugging
+Face / peft folder), the scheduler and the record; with FSDP every rank writes its shard
+of the optimizer state into ``optimizer/``, which resumes on a mesh of as many ranks;
+each rank writes its random states.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng_state.pt"
+OPTIMIZER_DIR = "optimizer"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 FORMAT_VERSION = 1
 KINDS = ("adapter", "full")
@@ -71,7 +77,9 @@ class CheckpointRecord:
     ``clip_grad_and_step`` calls (batches) of the trainable unit; ``adapter_name``
     and ``adapter_config`` (peft's LoRA config as JSON) are None for a full model.
     ``optimizer`` and ``lr_scheduler`` are the class names whose state_dicts the
-    folder holds, None when it holds none.
+    folder holds, None when it holds none. ``optimizer_ranks`` is the number of ranks
+    an optimizer state sharded by FSDP was saved from (in ``optimizer/``); None when
+    it is one ``optimizer.pt``.
     """
 
     kind: str
@@ -83,6 +91,7 @@ class CheckpointRecord:
     adapter_config: dict[str, Any] | None = None
     optimizer: str | None = None
     lr_scheduler: str | None = None
+    optimizer_ranks: int | None = None
     model_id: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -101,6 +110,11 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def rng_file(rank: int) -> str:
+    """Rank 0's (or the one process's) random states go to RNG_FILE, rank r's beside it."""
+    return RNG_FILE if rank == 0 else f"rng_state.rank{rank}.pt"
 
 
 def check_name(name: str) -> str:
@@ -277,7 +291,9 @@ def _record_from(raw: Any, marker: Path) -> CheckpointRecord:
 def required_files(folder: Path, record: CheckpointRecord) -> list[str]:
     """The files a checkpoint of this record cannot be used without."""
     names = [RNG_FILE]
-    names += [OPTIMIZER_FILE] if record.optimizer else []
+    if record.optimizer:
+        sharded = record.optimizer_ranks is not None
+        names += [f"{OPTIMIZER_DIR}/.metadata" if sharded else OPTIMIZER_FILE]
     names += [SCHEDULER_FILE] if record.lr_scheduler else []
     if record.kind == "adapter":
         return [*ADAPTER_FILES, *names]

@@ -2,18 +2,29 @@
 
 A mixin of TransformersModel, kept in its own file so the model file holds the training
 step alone; the folder layout and its checks live in ``twinkle.model.checkpoint``.
+
+Under torchrun (DDP, FSDP2, HSDP) every rank calls these methods. The folder is still
+written in a temporary sibling and renamed into place, by rank 0, once every rank has
+written its files (``shared_atomic_folder``). Under FSDP2 the weights are gathered into
+one Hugging Face / peft folder (loadable on any mesh, or none) and the optimizer state is
+saved sharded with torch.distributed.checkpoint (resumable on a mesh of as many ranks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
 
 from twinkle.infra import remote_function
 from twinkle.model.checkpoint import (
+    OPTIMIZER_DIR,
     OPTIMIZER_FILE,
     RNG_FILE,
     SCHEDULER_FILE,
@@ -22,23 +33,66 @@ from twinkle.model.checkpoint import (
     CheckpointRecord,
     atomic_folder,
     check_name,
+    full_weight_files,
     library_versions,
     load_state_dict,
     read_record,
+    rng_file,
     write_record,
 )
 from twinkle.model.rng_state import capture_rng_state, restore_rng_state
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.merge import merged_state_dict
+from twinkle.model.transformers.strategy import ParallelPlan
+from twinkle.model.transformers.strategy.state_dict import (
+    full_model_state_dict,
+    load_full_model_state_dict,
+    load_sharded_optimizer,
+    save_sharded_optimizer,
+)
 from twinkle.model.transformers.weights import (
     load_adapter_weights,
     load_full_weights,
+    read_adapter_weights,
     save_adapter,
     save_full,
 )
 from twinkle.utils import get_logger
 
 logger = get_logger()
+SHARDED = "sharded"  # the optimizer state lives in optimizer/, read by torch.distributed.checkpoint
+
+
+@contextlib.contextmanager
+def shared_atomic_folder(
+    final: Path, *, marker: str, overwrite: bool, distributed: bool
+) -> Iterator[tuple[Path, bool]]:
+    """``atomic_folder`` for every rank: rank 0 makes the temporary folder and tells the
+    others its path; it renames it into place once all ranks have written. Yields the folder
+    and whether this rank is the one that writes the shared files."""
+    if not distributed:
+        with atomic_folder(final, marker=marker, overwrite=overwrite) as folder:
+            yield folder, True
+        return
+    if dist.get_rank() != 0:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            raise RuntimeError(f"rank 0 could not create the checkpoint folder {final}: see rank 0")
+        yield Path(box[0]), False
+        dist.barrier()  # every rank has written
+        dist.barrier()  # rank 0 has renamed the folder into place
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(atomic_folder(final, marker=marker, overwrite=overwrite))
+        except BaseException:
+            dist.broadcast_object_list([None], src=0)
+            raise
+        dist.broadcast_object_list([str(folder)], src=0)
+        yield folder, True
+        dist.barrier()
+    dist.barrier()
 
 
 class CheckpointingMixin:
@@ -94,21 +148,41 @@ class CheckpointingMixin:
             versions=library_versions(),
         )
         rng = capture_rng_state(self.device.type)
-        with atomic_folder(final, marker=TRAINER_STATE, overwrite=overwrite) as folder:
-            if record.kind == "adapter":
+        plan = self._distributed_plan()
+        sharded = plan is not None and plan.sharded
+        # A collective: the whole tensors arrive on rank 0, the writer.
+        weights = full_model_state_dict(self.model) if sharded else None
+        with shared_atomic_folder(
+            final, marker=TRAINER_STATE, overwrite=overwrite, distributed=plan is not None
+        ) as (folder, writer):
+            if writer and record.kind == "adapter":
                 record.adapter_name = state.name
-                record.adapter_config = save_adapter(self.model, state.name, folder)
-            else:
-                save_full(self._hf_model(), folder, self.model_dir)
+                record.adapter_config = save_adapter(self.model, state.name, folder, weights)
+            elif writer:
+                save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
             if save_optimizer and state.optimizer is not None:
-                torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
                 record.optimizer = type(state.optimizer).__name__
+                if sharded:
+                    save_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
+                    record.optimizer_ranks = dist.get_world_size()
+                elif writer:
+                    torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
                 if state.lr_scheduler is not None:
-                    torch.save(state.lr_scheduler.state_dict(), folder / SCHEDULER_FILE)
                     record.lr_scheduler = type(state.lr_scheduler).__name__
-            torch.save(rng, folder / RNG_FILE)
-            write_record(folder, record)
+                    if writer:
+                        torch.save(state.lr_scheduler.state_dict(), folder / SCHEDULER_FILE)
+            torch.save(rng, folder / rng_file(self._rank()))
+            if writer:
+                write_record(folder, record)
         return str(final.absolute())
+
+    def _distributed_plan(self) -> ParallelPlan | None:
+        """The parallel plan when the model runs on several ranks, else None."""
+        plan = getattr(self, "_plan", None)
+        return plan if plan is not None and plan.distributed else None
+
+    def _rank(self) -> int:
+        return dist.get_rank() if self._distributed_plan() is not None else 0
 
     @remote_function(dispatch="all", collect="first")
     def load(
@@ -176,9 +250,20 @@ class CheckpointingMixin:
         With no adapter, the full model is written as it is. Returns the path.
         """
         state = self._state(adapter_name)
+        plan = self._distributed_plan()
+        if plan is not None and plan.sharded:
+            raise NotImplementedError(
+                "merge_and_export of a model sharded by FSDP is not supported: save() the "
+                "adapter (one peft folder), then merge it in one process with "
+                "TransformersModel(base).add_adapter_to_model(name, folder).merge_and_export(...)"
+            )
         weights = None if state.name == FULL_MODEL else merged_state_dict(self.model, state.name)
-        with atomic_folder(output_dir, marker="config.json", overwrite=overwrite) as folder:
-            save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
+        distributed = plan is not None
+        with shared_atomic_folder(
+            Path(output_dir), marker="config.json", overwrite=overwrite, distributed=distributed
+        ) as (folder, writer):
+            if writer:
+                save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
         return str(Path(output_dir).absolute())
 
     def _restore_checkpoint(
@@ -238,8 +323,27 @@ class CheckpointingMixin:
                     f"call {call} as the original run did before resume_from_checkpoint (or "
                     f"pass resume_only_model=True to restore the weights alone)"
                 )
-        saved = {"rng": load_state_dict(folder / RNG_FILE), "optimizer": None, "scheduler": None}
-        if record.optimizer is not None:
+        own_rng = folder / rng_file(self._rank())
+        rng = load_state_dict(own_rng if own_rng.is_file() else folder / RNG_FILE)
+        saved = {"rng": rng, "optimizer": None, "scheduler": None}
+        plan = self._distributed_plan()
+        sharded = plan is not None and plan.sharded
+        if record.optimizer is not None and (record.optimizer_ranks is not None or sharded):
+            ranks = dist.get_world_size() if sharded else 1
+            if record.optimizer_ranks != ranks:
+                saved_on = (
+                    "one process or DDP (optimizer.pt)"
+                    if record.optimizer_ranks is None
+                    else f"{record.optimizer_ranks} FSDP ranks"
+                )
+                here = f"{ranks} FSDP ranks" if sharded else "one process or DDP"
+                raise CheckpointError(
+                    f"{folder} holds optimizer state saved on {saved_on}, and this run is on "
+                    f"{here}: resume on the mesh it was saved on, or pass "
+                    f"resume_only_model=True to restore the weights alone"
+                )
+            saved["optimizer"] = SHARDED
+        elif record.optimizer is not None:
             saved["optimizer"] = load_state_dict(folder / OPTIMIZER_FILE)
             sizes = [len(group["params"]) for group in saved["optimizer"]["param_groups"]]
             expected = [len(group["params"]) for group in state.optimizer.param_groups]
@@ -255,7 +359,10 @@ class CheckpointingMixin:
     def _load_checkpoint_weights(
         self, folder: Path, record: CheckpointRecord, target: str
     ) -> TrainState:
-        if target == FULL_MODEL:
+        plan = self._distributed_plan()
+        if plan is not None and plan.sharded and target in self._states:
+            self._load_sharded_weights(folder, target)
+        elif target == FULL_MODEL:
             load_full_weights(self._hf_model(), folder)
         elif target in self._states:
             load_adapter_weights(self.model, target, folder)
@@ -263,10 +370,35 @@ class CheckpointingMixin:
             self.add_adapter_to_model(target, folder, record.gradient_accumulation_steps)
         return self._states[target]
 
+    def _load_sharded_weights(self, folder: Path, target: str) -> None:
+        """Whole tensors from the folder into the shards of this rank (every rank reads)."""
+        current = set(self.model.state_dict())
+        if target == FULL_MODEL:
+            weights: dict[str, torch.Tensor] = {}
+            for name in full_weight_files(folder):
+                weights.update(load_file(folder / name))
+            unexpected = sorted(set(weights) - current)
+            if unexpected:
+                raise CheckpointError(
+                    f"{folder} holds tensors this model lacks ({', '.join(unexpected[:5])}): it "
+                    f"was saved from another architecture; build the model from it with "
+                    f"TransformersModel(model_id={str(folder)!r})"
+                )
+        else:
+            saved = read_adapter_weights(self.model, target, folder)
+            # peft saves 'lora_A.weight' for the module key 'lora_A.<adapter>.weight'.
+            infix = f".{target}."
+            by_saved_name = {k.replace(infix, ".", 1): k for k in current if infix in k}
+            weights = {by_saved_name[k]: v for k, v in saved.items()}
+        load_full_model_state_dict(self.model, weights)
+
     def _restore_training_state(
         self, folder: Path, record: CheckpointRecord, state: TrainState, saved: dict[str, Any]
     ) -> None:
-        if saved["optimizer"] is not None:
+        if saved["optimizer"] == SHARDED:
+            load_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
+            state.optimizer.zero_grad(set_to_none=True)
+        elif saved["optimizer"] is not None:
             state.optimizer.load_state_dict(saved["optimizer"])
             state.optimizer.zero_grad(set_to_none=True)
         elif state.optimizer is not None:

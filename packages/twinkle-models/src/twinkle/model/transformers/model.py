@@ -3,8 +3,12 @@
 One model holds either the full parameters as its single trainable unit, or
 any number of named peft adapters, each with its own optimizer, scheduler,
 loss, template, processor, accumulation counter and metrics (a TrainState).
-Parallel strategies (later: DDP, FSDP2, sequence parallel) are applied to the
-plain model from the DeviceMesh; this class holds no parallelism logic.
+Parallel strategies (DDP, FSDP2/HSDP, sequence and expert parallel) are applied to
+the plain model from the DeviceMesh by ``strategy.parallelize``, once, on the first
+``set_optimizer`` or forward: every adapter must be added before that under torchrun
+(FSDP2 shards the parameters in place and DDP registers them). This class holds no
+parallelism logic: it runs forwards through the plan, totals the token count and the
+metrics over the data-parallel ranks, and lets the plan clip the global norm.
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
 from twinkle.model.transformers.loading import load_causal_lm
+from twinkle.model.transformers.moe import sync_expert_gradients
+from twinkle.model.transformers.strategy import ParallelPlan, parallelize
+from twinkle.model.transformers.strategy.sequence_parallel import sequence_parallel_of
 from twinkle.module import build_lr_scheduler, build_optimizer
+from twinkle.patch import apply_for_batch
 from twinkle.processor import InputProcessor
 from twinkle.template import build_template
 from twinkle.utils import get_logger
@@ -74,6 +82,12 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
     vector per sequence. ``ddp_config`` holds keyword arguments for torch's
     DistributedDataParallel (``{'find_unused_parameters': True}``); they apply when the
     device mesh has dp > 1, and are kept but unused on a single device.
+
+    Under torchrun the device mesh picks the strategy (``strategy.parallelize``): DDP for
+    dp alone, FSDP2 for fsdp, HSDP for both; ``expert_parallel`` (an
+    ``ExpertParallelConfig``) and ``sequence_parallel`` (a ``SequenceParallelConfig``)
+    configure the mesh's ``ep_size`` and ``ulysses_size``. Losses are normalised by the
+    token count of the whole global batch, so every strategy trains like one process.
     """
 
     def __init__(
@@ -89,6 +103,8 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         device: str | torch.device | None = None,
         embedding_pooling: str = "last",
         ddp_config: Mapping[str, Any] | None = None,
+        expert_parallel: Any = None,
+        sequence_parallel: Any = None,
         **from_pretrained_kwargs: Any,
     ) -> None:
         if ddp_config is not None and not isinstance(ddp_config, Mapping):
@@ -105,13 +121,13 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         model, self.model_dir = load_causal_lm(
             model_id, model_cls, config, seed, **from_pretrained_kwargs
         )
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
         model.config.use_cache = False
         self.model: PreTrainedModel | PeftModel = model.to(self.device)
         self.gradient_checkpointing = gradient_checkpointing
+        self.expert_parallel, self.sequence_parallel = expert_parallel, sequence_parallel
+        self._plan: ParallelPlan | None = None
+        # Trainable units whose last backward left its gradients unreduced (accumulating).
+        self._unreduced: set[str] = set()
         self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
         self._active: str | None = None
 
@@ -155,6 +171,41 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             self.model.set_adapter(state.name)
         self._active = state.name
 
+    def _parallel(self) -> ParallelPlan:
+        """The device mesh's strategies, applied to the model on first use (see the module
+        docstring). On one process the plan wraps nothing, and is rebuilt when an adapter
+        replaces ``self.model`` by its PeftModel."""
+        stale = self._plan is not None and self._plan.model is not self.model
+        if self._plan is None or (stale and not self._plan.distributed):
+            self._plan = parallelize(
+                self.model,
+                self.device_mesh,
+                precision=self.precision,
+                gradient_checkpointing=self.gradient_checkpointing,
+                ddp_config=self.ddp_config,
+                expert_parallel=self.expert_parallel,
+                sequence_parallel=self.sequence_parallel,
+            )
+        return self._plan
+
+    def _run(self, state: TrainState, fn: Any, batch: dict, *, final_backward: bool | None = None):
+        """``fn(batch)`` through the strategy's root, so DDP/FSDP see every forward path.
+
+        ``final_backward`` (training forwards only) says whether this forward's backward is
+        the last before the optimizer step: only that one reduces the gradients over the
+        ranks; the others accumulate locally (DDP's no_sync, FSDP2's gradient sync off).
+        """
+        plan = self._parallel()
+        if final_backward is not None and torch.is_grad_enabled():
+            plan.set_gradient_sync(state.name, final_backward)
+            (self._unreduced.discard if final_backward else self._unreduced.add)(state.name)
+        return plan.run(state.name, fn, batch)
+
+    @staticmethod
+    def _steps_now(state: TrainState) -> bool:
+        """Whether the next ``clip_grad_and_step`` call will step the optimizer."""
+        return state.accumulated_calls + 1 >= state.gradient_accumulation_steps
+
     def _train_mode(self) -> None:
         """Put the model in training mode, only when it is not: ``Module.train()`` walks every
         submodule, 2.5 ms a call on a 31M model with LoRA and 9 ms on a 4B one, on each step.
@@ -174,6 +225,12 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
         if adapter_name in self._states:
             raise ValueError(f"adapter {adapter_name!r} already exists; pick another name")
+        if self._plan is not None and self._plan.distributed:
+            raise ValueError(
+                f"adapter {adapter_name!r} comes after the model was parallelised "
+                f"({self._plan.kind}, on the first set_optimizer or forward): under torchrun add "
+                f"every adapter with add_adapter_to_model before calling set_optimizer or training"
+            )
         full = self._states.get(FULL_MODEL)
         if full is not None and full.optimizer is not None:
             raise ValueError(
@@ -232,6 +289,7 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
     ) -> None:
         state = self._state(adapter_name)
         self._activate(state)
+        self._parallel()  # NOTE: FSDP2 replaces the parameters: the optimizer must come after
         state.optimizer = build_optimizer(self.model, optimizer_cls, **kwargs)
         state.lr_scheduler = None
 
@@ -352,6 +410,13 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
         labels = batch.get("labels")
         base = self._hf_model()
+        # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
+        apply_for_batch(base, batch)
+        sequence_parallel = sequence_parallel_of(base)
+        if sequence_parallel is not None:  # Ulysses: this rank runs its shard of the sequence
+            inputs, shard = sequence_parallel.shard(batch, base.get_input_embeddings().weight.dtype)
+            with autocast(self.precision, self.device.type):
+                return shard.outputs(self.model(**inputs, use_cache=False).logits)
         head = base.get_output_embeddings()
         chunked = (
             labels is not None
@@ -378,6 +443,8 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         self, batch: dict, outputs: dict, state: TrainState, **loss_kwargs
     ) -> tuple[torch.Tensor, float]:
         result = state.loss(batch, outputs, **loss_kwargs)
+        # A loss's extra keys (RL losses' policy_stats) go to the metrics with the outputs.
+        outputs.update({k: v for k, v in result.items() if k not in ("loss", "num_tokens")})
         num_tokens = float(result["num_tokens"])
         if num_tokens <= 0:
             raise ValueError(
@@ -400,6 +467,11 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
     def _embed(self, batch: dict) -> dict[str, torch.Tensor]:
         """Run the backbone alone (no LM head, no logits) and pool one embedding per sequence,
         with the batch's real-token count for throughput."""
+        if sequence_parallel_of(self._hf_model()) is not None:
+            raise NotImplementedError(
+                "task='embedding' does not run under Ulysses sequence parallel; build the "
+                "embedding model's DeviceMesh without ulysses_size"
+            )
         bounds = sequence_bounds(batch)
         backbone = self._hf_model().base_model
         if bounds.packed() and not any(getattr(m, "is_causal", False) for m in backbone.modules()):
@@ -443,7 +515,8 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
                 "'embedding_label' (1 for a group's anchor, 0 for its positive and hard "
                 "negatives), or give a collated batch labels of shape (N,)"
             )
-        outputs = self._embed(batch)
+        final = self._steps_now(state) if backward else None
+        outputs = self._run(state, self._embed, batch, final_backward=final)
         input_tokens = outputs.pop("input_tokens")
         embeddings = outputs["embeddings"]
         if labels is None:
@@ -505,8 +578,10 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             return self._embedding_pass(inputs, state, state.metrics, backward=True, **loss_kwargs)
         batch = self._collate(inputs, state)
         loss_sum, tokens, logps = 0.0, 0.0, []
-        for micro, micro_kwargs in self._micro_batches(batch, loss_kwargs, micro_batch_size):
-            outputs = self._forward(micro)
+        micro_batches = self._micro_batches(batch, loss_kwargs, micro_batch_size)
+        for index, (micro, micro_kwargs) in enumerate(micro_batches):
+            final = self._steps_now(state) and index == len(micro_batches) - 1
+            outputs = self._run(state, self._forward, micro, final_backward=final)
             loss, num_tokens = self._loss(micro, outputs, state, **micro_kwargs)
             self._backward(state, micro, outputs, loss, num_tokens)
             loss_sum, tokens = loss_sum + float(loss.detach()), tokens + num_tokens
@@ -521,9 +596,15 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         state.pending_tokens += num_tokens
         mask = batch.get("attention_mask")
         real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-        state.metrics.accumulate(
-            batch, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
-        )
+        if self._counts_batch_metrics():
+            state.metrics.accumulate(
+                batch, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
+            )
+
+    def _counts_batch_metrics(self) -> bool:
+        """Ulysses peers hold one batch between them: one of them counts it in the metrics."""
+        sequence_parallel = sequence_parallel_of(self._hf_model())
+        return sequence_parallel is None or sequence_parallel.rank == 0
 
     # The three-call form of forward_backward, for loops that inspect outputs or the loss
     # before backward: forward(inputs); calculate_loss(**kw); backward().
@@ -537,7 +618,7 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         if state.window_start is None:
             state.window_start = time.perf_counter()
         batch = self._collate(inputs, state)
-        outputs = self._forward(batch)
+        outputs = self._run(state, self._forward, batch, final_backward=self._steps_now(state))
         state.pending_forward, state.pending_loss = (batch, outputs), None
         if "logps" not in outputs:
             return ModelOutput(logits=outputs["logits"].detach().cpu())
@@ -584,30 +665,50 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         if self._check_task(task) == "embedding":
             return self._embedding_pass(inputs, state, eval_metrics, backward=False, **loss_kwargs)
         batch = self._collate(inputs, state)
-        outputs = self._forward(batch)
+        outputs = self._run(state, self._forward, batch)
         loss = None
         if "labels" in batch:
             loss_sum, tokens = self._loss(batch, outputs, state, **loss_kwargs)
             loss = float(loss_sum) / tokens
             mask = batch.get("attention_mask")
             real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-            eval_metrics.accumulate(
-                batch, outputs, loss=loss_sum, num_tokens=tokens, input_tokens=real_tokens
-            )
+            if self._counts_batch_metrics():
+                eval_metrics.accumulate(
+                    batch, outputs, loss=loss_sum, num_tokens=tokens, input_tokens=real_tokens
+                )
         return ModelOutput(loss=loss, logps=outputs.get("logps", torch.empty(0)).cpu())
 
     # ---- optimizer steps ------------------------------------------------------------------
 
     def _normalise_gradients(self, state: TrainState) -> None:
-        """Divide the summed gradients by the accumulated token count: the one normalisation."""
-        if state.pending_tokens <= 0:
+        """Divide the summed gradients by the token count of the whole global batch: the one
+        normalisation. Each rank back-propagated the SUM of its own tokens' losses; DDP and
+        FSDP average the gradients over ``gradient_ranks`` ranks, so the scale is
+        ranks / global tokens, which gives the single-process gradient however unevenly the
+        tokens fall across ranks. A collective: every rank calls it."""
+        plan = self._parallel()
+        if plan.distributed and state.name in self._unreduced:
+            raise RuntimeError(
+                f"the last backward of {state.name!r} did not reduce its gradients over the "
+                f"ranks: it expected {state.gradient_accumulation_steps - state.accumulated_calls}"
+                f" more clip_grad_and_step calls before the optimizer step. Under torchrun, step "
+                f"with clip_grad_and_step and set gradient_accumulation_steps in "
+                f"add_adapter_to_model (or before the window's first forward_backward)"
+            )
+        tokens = plan.all_reduce_sum(state.pending_tokens)
+        # Ulysses peers each counted their shared batch's tokens: count them once.
+        sequence_parallel = sequence_parallel_of(self._hf_model())
+        tokens /= sequence_parallel.size if sequence_parallel is not None else 1
+        state.pending_tokens = 0.0
+        if tokens <= 0:
             return
-        scale = 1.0 / state.pending_tokens
+        if plan.kind == "ddp":  # expert-parallel weights are outside DDP: reduce them here
+            sync_expert_gradients(self._hf_model())
+        scale = plan.gradient_ranks / tokens
         for group in state.optimizer.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
                     param.grad.mul_(scale)
-        state.pending_tokens = 0.0
 
     def _require_optimizer(self, state: TrainState, action: str) -> torch.optim.Optimizer:
         if state.optimizer is None:
@@ -621,7 +722,7 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         optimizer = self._require_optimizer(state, "clip_grad_norm")
         self._normalise_gradients(state)
         params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        state.last_grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        state.last_grad_norm = self._parallel().clip_grad_norm(params, max_norm)
         return state.last_grad_norm
 
     def _step(self, state: TrainState) -> None:
@@ -633,6 +734,7 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
     def _zero_grad(self, state: TrainState) -> None:
         self._require_optimizer(state, "zero_grad").zero_grad(set_to_none=True)
         state.pending_tokens = 0.0
+        self._unreduced.discard(state.name)
 
     @remote_function(dispatch="all", collect="first")
     def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
@@ -702,6 +804,9 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         by forward_only) since the last call, as floats; resets that collection."""
         state = self._state(adapter_name)
         collection = state.metrics if is_training else state.eval_metrics
+        plan = self._parallel()
+        if plan.distributed:
+            collection.reduce_across(plan.all_reduce_tensor)
         return collection.calculate_and_reset()
 
     @remote_function(dispatch="all", collect="first")

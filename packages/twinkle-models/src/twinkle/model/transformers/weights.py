@@ -47,10 +47,17 @@ ADAPTER_MATH_FIELDS = (
 )
 
 
-def save_adapter(model: PeftModel, adapter_name: str, folder: Path) -> dict[str, Any]:
-    """Write one adapter's weights and config into ``folder``; returns the config as JSON."""
+def save_adapter(
+    model: PeftModel,
+    adapter_name: str,
+    folder: Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """Write one adapter's weights and config into ``folder``; returns the config as JSON.
+    ``state_dict`` (the model's, gathered from shards) replaces the model's own tensors."""
     scratch = folder / ".peft"
-    model.save_pretrained(str(scratch), selected_adapters=[adapter_name])
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    model.save_pretrained(str(scratch), selected_adapters=[adapter_name], **extra)
     # peft puts an adapter not named 'default' into a subfolder of that name.
     written = scratch if adapter_name == "default" else scratch / adapter_name
     for name in ADAPTER_FILES:
@@ -60,10 +67,17 @@ def save_adapter(model: PeftModel, adapter_name: str, folder: Path) -> dict[str,
 
 
 def load_adapter_weights(model: PeftModel, adapter_name: str, folder: Path) -> None:
-    """Load a saved adapter's weights into the existing adapter ``adapter_name``.
+    """Load a saved adapter's weights into the existing adapter ``adapter_name``."""
+    weights = read_adapter_weights(model, adapter_name, folder)
+    set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
 
-    The saved LoRA config must agree with the adapter's on everything that changes
-    the computation, and the saved tensors must be exactly the adapter's.
+
+def read_adapter_weights(
+    model: PeftModel, adapter_name: str, folder: Path
+) -> dict[str, torch.Tensor]:
+    """A saved adapter's tensors (keyed as peft saves them), once checked against the adapter
+    ``adapter_name``: the saved LoRA config must agree with the adapter's on everything that
+    changes the computation, and the saved tensors must be exactly the adapter's.
     """
     saved_config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
     current = _comparable(model.peft_config[adapter_name].to_dict())
@@ -83,7 +97,7 @@ def load_adapter_weights(model: PeftModel, adapter_name: str, folder: Path) -> N
             f"missing {sorted(expected - set(weights))[:5]}, "
             f"unexpected {sorted(set(weights) - expected)[:5]}"
         )
-    set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
+    return weights
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,92 @@
+"""MultiLoraTransformersModel: one base model, a bounded pool of LoRA adapters.
+
+The server's model: many tenants each train their own adapter on one shared base model.
+It is a TransformersModel whose adapters are slots of a pool: at most ``max_loras`` at
+once, each of rank at most ``max_rank``, and ``remove_adapter`` frees a slot. Adapters
+stay isolated because a step touches only the active adapter's parameters (peft marks
+the others frozen, and each adapter's optimizer holds its own parameters alone).
+
+Not supported: ``modules_to_save`` (it would train full copies of base modules per
+tenant) and full-parameter training (the base model is shared).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from peft import LoraConfig, PeftConfig
+
+from twinkle.infra import remote_function
+from twinkle.model.transformers.model import TransformersModel
+
+
+class LoraPoolFullError(RuntimeError):
+    """Every LoRA slot is taken: remove an adapter or raise ``max_loras``."""
+
+
+class MultiLoraTransformersModel(TransformersModel):
+    """A TransformersModel holding at most ``max_loras`` LoRA adapters of rank <= ``max_rank``."""
+
+    def __init__(
+        self,
+        model_id: str | os.PathLike | None = None,
+        *,
+        max_loras: int = 4,
+        max_rank: int = 32,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("max_loras", max_loras), ("max_rank", max_rank)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        super().__init__(model_id, **kwargs)
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+
+    @remote_function(dispatch="all", collect="first")
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,
+        config_or_path: PeftConfig | str | os.PathLike,
+        gradient_accumulation_steps: int = 1,
+    ) -> None:
+        if len(self.adapter_names) >= self.max_loras:
+            raise LoraPoolFullError(
+                f"all {self.max_loras} LoRA slots are in use; remove an adapter first"
+            )
+        if isinstance(config_or_path, PeftConfig):
+            self._check_config(config_or_path)
+        super().add_adapter_to_model(adapter_name, config_or_path, gradient_accumulation_steps)
+
+    def _check_config(self, config: PeftConfig) -> None:
+        if not isinstance(config, LoraConfig):
+            raise ValueError(f"only LoRA adapters are pooled, got {type(config).__name__}")
+        if config.r > self.max_rank:
+            raise ValueError(f"LoRA rank {config.r} exceeds this model's max_rank {self.max_rank}")
+        if config.modules_to_save:
+            raise ValueError(
+                "modules_to_save is not supported on a shared base model: it would train full "
+                "copies of base modules; train LoRA matrices only"
+            )
+
+    @remote_function(dispatch="all", collect="first")
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Delete the adapter, its optimizer and its state, freeing its slot."""
+        self._state(adapter_name)  # raises for an unknown name
+        self.model.delete_adapter(adapter_name)
+        del self._states[adapter_name]
+        self._active = None
+
+    @remote_function(dispatch="all", collect="first")
+    def pad_token_id(self) -> int:
+        """The id that pads batches (0 when the model's config names none)."""
+        return self.model.config.pad_token_id or 0
+
+    @remote_function(dispatch="all", collect="first")
+    def capacity(self) -> dict[str, int]:
+        used = len(self.adapter_names)
+        return {
+            "max_loras": self.max_loras,
+            "used_loras": used,
+            "free_loras": self.max_loras - used,
+        }

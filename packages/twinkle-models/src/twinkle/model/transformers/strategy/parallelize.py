@@ -1,0 +1,200 @@
+"""parallelize: apply the DeviceMesh's strategies to a plain model, in torchtitan's order.
+
+NOTE the order: every rank first takes rank 0's weights, while each holds the whole
+model; then expert parallel (shards experts and their FSDP over ``ep_fsdp``), then
+Ulysses sequence parallel (patches attention), then activation checkpointing, then
+FSDP2 or DDP, which must come last as they wrap (or shard) whatever the others left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from twinkle.mesh import DeviceMesh
+from twinkle.model.transformers.strategy.ddp import apply_ddp, set_ddp_gradient_sync
+from twinkle.model.transformers.strategy.fsdp import apply_fsdp, set_fsdp_gradient_sync
+from twinkle.model.transformers.strategy.grads import clip_grad_norm
+
+SUPPORTED_DIMS = ("dp", "fsdp")
+KINDS = ("single", "ddp", "fsdp", "hsdp")
+
+
+class ParallelPlan:
+    """What ``parallelize`` applied to a model, and the per-step operations that depend on it.
+
+    ``run(unit, fn, ...)`` runs a forward through the strategy's root so DDP or FSDP
+    hooks see it; ``set_gradient_sync`` turns the gradient reduction of the next
+    backward on or off; ``all_reduce_sum`` totals a number over the data-parallel ranks;
+    ``gradient_ranks`` is how many ranks DDP/FSDP average gradients over.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kind: str,
+        *,
+        group: dist.ProcessGroup | None = None,
+        fsdp_root: nn.Module | None = None,
+        ddp_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.kind = kind
+        self.group = group
+        self.fsdp_root = fsdp_root
+        self.ddp_config = dict(ddp_config or {})
+        self._ddp_roots: dict[str, nn.Module] = {}
+
+    @property
+    def distributed(self) -> bool:
+        return self.kind != "single"
+
+    @property
+    def sharded(self) -> bool:
+        return self.kind in ("fsdp", "hsdp")
+
+    @property
+    def gradient_ranks(self) -> int:
+        return dist.get_world_size(self.group) if self.distributed else 1
+
+    def root(self, unit: str) -> nn.Module | None:
+        """The module whose forward the trainable ``unit`` (an adapter or the full model) runs
+        through. DDP wrappers are built on first use, while ``unit`` is the trainable one."""
+        if self.kind == "ddp":
+            if unit not in self._ddp_roots:
+                self._ddp_roots[unit] = apply_ddp(self.model, self.group, self.ddp_config)
+            return self._ddp_roots[unit]
+        return self.fsdp_root
+
+    def run(self, unit: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        root = self.root(unit)
+        return fn(*args, **kwargs) if root is None else root(fn, *args, **kwargs)
+
+    def set_gradient_sync(self, unit: str, sync: bool) -> None:
+        if self.kind == "ddp":
+            set_ddp_gradient_sync(self.root(unit), sync)
+        elif self.sharded:
+            set_fsdp_gradient_sync(self.fsdp_root, sync)
+
+    def all_reduce_sum(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        total = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(self.group))
+        dist.all_reduce(total, group=self.group)
+        return float(total)
+
+    def all_reduce_tensor(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of ``value`` over the data-parallel ranks (a new tensor; the input is kept)."""
+        if not self.distributed:
+            return value
+        total = value.detach().to(_comm_device(self.group)).clone()
+        dist.all_reduce(total, group=self.group)
+        return total.to(value.device)
+
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
+        return clip_grad_norm(params, max_norm)
+
+
+def _comm_device(group: dist.ProcessGroup | None) -> torch.device:
+    if dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    module = torch.accelerator.current_accelerator()
+    return torch.device(module.type, torch.accelerator.current_device_index())
+
+
+def check_mesh(device_mesh: DeviceMesh) -> None:
+    """A mesh this model can run on, matching the processes torchrun started."""
+    extra = [
+        f"{name}={size}"
+        for name, size in zip(device_mesh.mesh_dim_names, device_mesh.mesh_shape, strict=True)
+        if name not in SUPPORTED_DIMS and size > 1
+    ]
+    if extra:
+        raise ValueError(
+            f"TransformersModel parallelises over dp and fsdp (with ulysses_size and ep_size "
+            f"carved from them); this mesh also has {', '.join(extra)}: tensor, pipeline and "
+            "context parallel need MegatronModel"
+        )
+    world = device_mesh.world_size
+    names, shape = device_mesh.mesh_dim_names, device_mesh.mesh_shape
+    sizes = " × ".join(f"{n}={s}" for n, s in zip(names, shape, strict=True))
+    running = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world != running:
+        start = (
+            f"torch.distributed runs {running} processes"
+            if running > 1
+            else "torch.distributed is not started (one process)"
+        )
+        raise ValueError(
+            f"the device mesh has world_size {world} "
+            f"({sizes}) "
+            f"but {start}: launch with torchrun --nproc_per_node={world} and call "
+            f"twinkle.initialize('local', global_device_mesh=mesh), or size the mesh to "
+            f"{running} process(es)"
+        )
+
+
+def parallelize(
+    model: nn.Module,
+    device_mesh: DeviceMesh | None,
+    *,
+    precision: str = "fp32",
+    gradient_checkpointing: bool = False,
+    ddp_config: Mapping[str, Any] | None = None,
+    expert_parallel: Any = None,
+    sequence_parallel: Any = None,
+) -> ParallelPlan:
+    """Apply the mesh's strategies to ``model`` (a Hugging Face model, peft-wrapped or not).
+
+    FSDP2 when the mesh has fsdp > 1 (HSDP when dp > 1 too), DDP when it has only
+    dp > 1, nothing on one process. FSDP2 shards the model in place: build the
+    optimizer afterwards. ``expert_parallel`` and ``sequence_parallel`` are the
+    ``ExpertParallelConfig`` and ``SequenceParallelConfig`` passed to those strategies
+    when the mesh has ``ep_size`` or ``ulysses_size`` > 1.
+    """
+    if device_mesh is not None:
+        check_mesh(device_mesh)
+    if device_mesh is None or device_mesh.world_size == 1:
+        _enable_activation_checkpointing(model, gradient_checkpointing)
+        return ParallelPlan(model, "single")
+    broadcast_from_rank0(model)
+    if device_mesh.size("ep") > 1:
+        from twinkle.model.transformers.moe.expert_parallel import apply_expert_parallel
+
+        apply_expert_parallel(model, device_mesh, expert_parallel)
+    if device_mesh.size("ulysses") > 1:
+        from twinkle.model.transformers.strategy.sequence_parallel import (
+            apply_sequence_parallel,
+        )
+
+        apply_sequence_parallel(model, device_mesh, sequence_parallel)
+    _enable_activation_checkpointing(model, gradient_checkpointing)
+    torch_mesh = device_mesh.to_torch()
+    dp, fsdp = device_mesh.size("dp"), device_mesh.size("fsdp")
+    if fsdp > 1:
+        kind = "hsdp" if dp > 1 else "fsdp"
+        shard_mesh = torch_mesh["dp", "fsdp"] if dp > 1 else torch_mesh["fsdp"]
+        root = apply_fsdp(model, shard_mesh, precision)
+        return ParallelPlan(model, kind, group=dist.group.WORLD, fsdp_root=root)
+    return ParallelPlan(model, "ddp", group=torch_mesh["dp"].get_group(), ddp_config=ddp_config)
+
+
+def broadcast_from_rank0(model: nn.Module) -> None:
+    """Make every rank's weights rank 0's, as DDP does when it wraps, while each rank still
+    holds the whole model: a LoRA adapter is initialised from each process's own random
+    generator, and sharding (FSDP) or splitting (experts) tensors that differ across ranks
+    would stitch one model from several."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
+def _enable_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
+    if not enabled:
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

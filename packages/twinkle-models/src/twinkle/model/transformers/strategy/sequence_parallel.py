@@ -1,0 +1,261 @@
+"""Ulysses sequence parallel: each rank of an SP group runs the model on 1/sp of the sequence.
+
+Per forward (``SequenceParallel.shard`` then ``SequenceShard.outputs``):
+
+1. pad the batch to a multiple of ``sp`` (padding is masked out, or is a sequence of its
+   own in a packed row) and keep this rank's contiguous slice of the tokens; position_ids
+   stay global, so RoPE sees the true positions;
+2. build the full-sequence attention masks once (causal, padding, and packed-sequence
+   boundaries from the position_ids) with transformers' own mask functions, and hand them
+   to the model ready-made, so it never builds masks for its shard;
+3. attention layers all-to-all q/k/v to head shards, attend over the full sequence and
+   all-to-all back (``ulysses_attention``); linear-attention layers (Qwen3.5
+   GatedDeltaNet), whose recurrence needs the whole sequence, gather it, run, and keep
+   their slice;
+4. each rank scores its shard (the label-token logps) and the logps are gathered, so the
+   loss, computed identically on every SP rank from the full (B, T) logps, is exactly the
+   single-process loss. Full logits are gathered only when returned without labels
+   (``gather_logits``).
+
+Gradient contract for the data-parallel strategy: each SP rank ends its backward holding a
+partial gradient, and the partials of one SP group sum to the group's full gradient; every
+SP rank reports the group's full label-token count. So gradients are summed over all
+data-parallel ranks (SP peers included) and divided by the total token count over ranks
+divided by ``sp`` (``SequenceParallel.size``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import masking_utils
+
+from twinkle.loss.base import IGNORE_INDEX
+from twinkle.loss.chunked_logps import chunked_logits_logps
+from twinkle.mesh import DeviceMesh
+from twinkle.model.transformers.strategy.ulysses_attention import (
+    SUPPORTED_INNER,
+    register_ulysses_attention,
+)
+from twinkle.model.transformers.strategy.ulysses_comm import gather_sequence
+from twinkle.model.transformers.strategy.ulysses_linear import gather_linear_attention
+
+SP_ATTRIBUTE = "twinkle_sequence_parallel"
+MASK_FUNCTIONS = {
+    "full_attention": masking_utils.create_causal_mask,
+    "sliding_attention": masking_utils.create_sliding_window_causal_mask,
+    "linear_attention": masking_utils.create_recurrent_attention_mask,
+}
+
+
+@dataclass
+class SequenceParallelConfig:
+    """``ulysses_size`` defaults to the DeviceMesh's; ``gather_logits`` gathers full-vocabulary
+    logits when a forward without labels returns them (otherwise each rank gets the logits
+    of its own shard). With labels the per-token logps are always gathered."""
+
+    enabled: bool = True
+    ulysses_size: int | None = None
+    gather_logits: bool = True
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _my_group(groups: list[list[int]]) -> dist.ProcessGroup:
+    """Create every group (all ranks must call ``new_group`` for each) and return ours."""
+    rank, mine = dist.get_rank(), None
+    for ranks in groups:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+def _check_heads(text_config, size: int) -> None:
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text_config, name, None)
+        if heads is not None and heads % size:
+            raise ValueError(
+                f"ulysses_size={size} must divide the model's {name}={heads}: Ulysses splits "
+                f"attention heads across the SP group. Pick a ulysses_size that divides "
+                f"{heads}, or train without sequence parallel"
+            )
+
+
+class SequenceShard:
+    """One forward's shard: what ``outputs`` needs to turn local logits into full outputs."""
+
+    def __init__(self, sp: SequenceParallel, length: int, labels: torch.Tensor | None) -> None:
+        self.sp, self.length, self.labels = sp, length, labels
+
+    def outputs(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{'logits'}`` without labels; else ``{'logps', 'pred_ids'}`` (B, T) aligned
+        with the labels, as the model's single-process forward returns them."""
+        sp = self.sp
+        if self.labels is None:
+            if sp.config.gather_logits:
+                logits = gather_sequence(logits, 1, sp.group)[:, : self.length]
+            return {"logits": logits.float()}
+        # logits[:, t] predicts the label of the next token: score against labels shifted by one.
+        start = sp.rank * logits.shape[1]
+        shifted = torch.nn.functional.pad(self.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        targets_local = shifted[:, start : start + logits.shape[1]]
+        rows, cols = (targets_local != IGNORE_INDEX).nonzero(as_tuple=True)
+        logps, ids = chunked_logits_logps(logits, rows, cols, targets_local[rows, cols])
+        local_logps = logits.new_zeros(targets_local.shape, dtype=logps.dtype)
+        local_logps = local_logps.index_put((rows, cols), logps)
+        local_ids = torch.full_like(targets_local, IGNORE_INDEX).index_put((rows, cols), ids)
+        next_logps = gather_sequence(local_logps, 1, sp.group)
+        next_ids = gather_sequence(local_ids, 1, sp.group)
+        # Back to label alignment: position t holds log p(labels[t] | tokens < t).
+        logps = torch.nn.functional.pad(next_logps[:, : self.length - 1], (1, 0))
+        pred_ids = torch.nn.functional.pad(
+            next_ids[:, : self.length - 1], (1, 0), value=IGNORE_INDEX
+        )
+        return {"logps": logps, "pred_ids": pred_ids}
+
+
+class SequenceParallel:
+    """Ulysses SP over one group of ranks, set up on a model by ``apply_sequence_parallel``."""
+
+    def __init__(
+        self, model: nn.Module, group: dist.ProcessGroup, config: SequenceParallelConfig
+    ) -> None:
+        hf = _hf_model(model)
+        self.config, self.group = config, group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        text_config = hf.config.get_text_config()
+        _check_heads(text_config, self.size)
+        inner = hf.config._attn_implementation
+        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
+        unknown = layer_types - set(MASK_FUNCTIONS)
+        if unknown:
+            raise NotImplementedError(
+                f"Ulysses sequence parallel does not know layer types {sorted(unknown)}; "
+                f"it handles {sorted(MASK_FUNCTIONS)}"
+            )
+        if getattr(text_config, "output_router_logits", False):
+            raise NotImplementedError(
+                "output_router_logits=True (the MoE load-balancing loss) is not supported under "
+                "Ulysses sequence parallel: the router logits and the loss's padding mask would "
+                "cover one sequence shard. Set config.output_router_logits=False"
+            )
+        if inner not in SUPPORTED_INNER:
+            raise NotImplementedError(
+                f"Ulysses sequence parallel wraps sdpa or eager attention; this model uses "
+                f"{inner!r}. Load it with attn_implementation='sdpa'"
+            )
+        # The masks are built for the inner attention (sdpa: boolean, eager: additive).
+        self.mask_config = copy.copy(text_config)
+        self.mask_config._attn_implementation = inner
+        self.layer_types = sorted(layer_types)
+        hf.set_attn_implementation(register_ulysses_attention(inner, group))
+        if "linear_attention" in layer_types:
+            gather_linear_attention(hf, group)
+
+    def _masks(self, embed_dtype, batch_size, length, attention_mask, position_ids):
+        shape_probe = torch.empty(
+            (batch_size, length, 0), dtype=embed_dtype, device=position_ids.device
+        )
+        masks = {
+            kind: MASK_FUNCTIONS[kind](
+                config=self.mask_config,
+                inputs_embeds=shape_probe,
+                attention_mask=attention_mask,
+                cache=None,
+                position_ids=position_ids,
+            )
+            for kind in self.layer_types
+        }
+        # Models with one layer type take the mask itself; hybrid ones take the mapping.
+        return masks["full_attention"] if list(masks) == ["full_attention"] else masks
+
+    def shard(
+        self, batch: dict, embed_dtype: torch.dtype = torch.float32
+    ) -> tuple[dict, SequenceShard]:
+        """This rank's model inputs for ``batch`` (input_ids, position_ids, full masks; for a
+        packed row also its cu_seq_lens) and the shard that turns its logits into outputs."""
+        input_ids = batch["input_ids"]
+        batch_size, length = input_ids.shape
+        pad = -length % self.size
+        mask = batch.get("attention_mask")
+        positions = batch.get("position_ids")
+        if positions is None:
+            positions = torch.arange(length, device=input_ids.device).expand(batch_size, -1)
+        labels = batch.get("labels")
+        if pad:
+            input_ids = nn.functional.pad(input_ids, (0, pad))
+            # Packed rows: the padding is a sequence of its own; padded rows: masked out.
+            tail = torch.arange(pad, device=positions.device).expand(batch_size, -1)
+            if mask is not None:
+                tail = tail + positions[:, -1:] + 1
+                mask = nn.functional.pad(mask, (0, pad))
+            positions = torch.cat([positions, tail], dim=1)
+            if labels is not None:
+                labels = nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
+        full = length + pad
+        local = slice(self.rank * full // self.size, (self.rank + 1) * full // self.size)
+        inputs = {
+            "input_ids": input_ids[:, local],
+            "position_ids": positions[:, local],
+            "attention_mask": self._masks(embed_dtype, batch_size, full, mask, positions),
+        }
+        if "cu_seq_lens_q" in batch:
+            # Varlen kernels of gathered linear-attention layers see the full padded row.
+            bounds = batch["cu_seq_lens_q"]
+            if pad:
+                bounds = torch.cat([bounds, bounds.new_tensor([full])])
+            longest = int(bounds.diff().max())
+            inputs.update(
+                cu_seq_lens_q=bounds,
+                cu_seq_lens_k=bounds,
+                max_length_q=longest,
+                max_length_k=longest,
+            )
+        return inputs, SequenceShard(self, length, labels)
+
+
+def sequence_parallel_of(model: nn.Module) -> SequenceParallel | None:
+    """The ``SequenceParallel`` set up on ``model`` (a Hugging Face or peft model), if any."""
+    return getattr(_hf_model(model), SP_ATTRIBUTE, None)
+
+
+def apply_sequence_parallel(
+    model: nn.Module, device_mesh: DeviceMesh, config: SequenceParallelConfig | None = None
+) -> SequenceParallel | None:
+    """Set up Ulysses SP on ``model`` for the mesh's ulysses groups; returns the
+    ``SequenceParallel`` (None when SP is off or ulysses_size is 1), which
+    ``sequence_parallel_of(model)`` also finds later."""
+    config = config or SequenceParallelConfig()
+    if not config.enabled:
+        return None
+    size = device_mesh.size("ulysses")
+    if config.ulysses_size is not None and config.ulysses_size != size:
+        raise ValueError(
+            f"SequenceParallelConfig(ulysses_size={config.ulysses_size}) differs from the "
+            f"DeviceMesh's ulysses_size={device_mesh.ulysses_size}; set it on the mesh "
+            f"(DeviceMesh.from_sizes(ulysses_size=...)) and leave the config's as None"
+        )
+    if size == 1:
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "Ulysses sequence parallel needs torch.distributed: launch with torchrun and call "
+            "twinkle.initialize() (or init_process_group) before building the model"
+        )
+    if dist.get_world_size() != device_mesh.world_size:
+        raise ValueError(
+            f"the DeviceMesh has {device_mesh.world_size} ranks but torch.distributed has "
+            f"{dist.get_world_size()}; size the mesh to the launched processes"
+        )
+    _check_heads(_hf_model(model).config.get_text_config(), size)
+    sp = SequenceParallel(model, _my_group(device_mesh.group_ranks("ulysses")), config)
+    # Kept on the model too, so its wrapper finds it whatever strategy wraps the model.
+    setattr(_hf_model(model), SP_ATTRIBUTE, sp)
+    return sp

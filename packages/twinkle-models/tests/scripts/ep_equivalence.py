@@ -1,0 +1,216 @@
+"""Expert parallel EP(2) against one process, run by test_expert_parallel under torchrun.
+
+    torchrun --nproc_per_node=2 ep_equivalence.py OUT
+
+Every rank builds the same tiny MoE twice (same seed): a reference trained in this
+process on the whole global batch, and an EP copy that keeps 2 of the 4 experts and
+trains on its data slice of the batch (EP ranks are data-parallel ranks). Gradients go
+as under DDP: the summed loss's dense gradients are averaged over the ranks, the expert
+ones reduced by ``sync_expert_gradients``, and all scaled by ranks / global tokens (what
+TransformersModel does). Both take the same SGD steps; each case records losses, the
+largest gradient difference of the first step and the largest parameter difference at the
+end (this rank's experts against the reference's same experts). Cases: Qwen3-MoE and
+Qwen3.5-MoE (shared expert).
+
+TransformersModel: its own loop (AdamW, clipping) with the mesh, against a
+TransformersModel without a mesh on the global batch: FSDP2 for the dense model with the
+experts as FSDP units of their own (ep folded into fsdp=2), and DDP (dp=2) with the
+experts left out of it, and EP(2) with Ulysses SP(2) on the same two ranks (each rank
+dispatches its sequence shard's tokens). With 4 ranks only the FSDP case runs, on EP(2) ×
+ep_fsdp(2).
+Results go to OUT/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from twinkle.loss import logps_from_logits
+from twinkle.mesh import DeviceMesh
+from twinkle.model import TransformersModel
+from twinkle.model.transformers.moe import (
+    ExpertParallelConfig,
+    apply_expert_parallel,
+    expert_parameters,
+    gather_expert_weights,
+    sync_expert_gradients,
+)
+from twinkle.model.transformers.strategy.state_dict import full_model_state_dict
+from twinkle.processor import InputProcessor
+
+STEPS, LR, ROWS = 3, 0.5, 4
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+SMALL.update(head_dim=16, vocab_size=512, pad_token_id=0, num_experts_per_tok=2)
+SMALL.update(moe_intermediate_size=32)
+
+
+def tiny_config(kind: str):
+    if kind == "qwen3_moe":
+        return AutoConfig.for_model("qwen3_moe", **SMALL, num_experts=4, intermediate_size=128)
+    return AutoConfig.for_model(
+        "qwen3_5_moe_text",
+        **SMALL,
+        num_experts=4,
+        shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    )
+
+
+def build(config) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    model = model.float()
+    for name, param in model.named_parameters():
+        if "gate.weight" in name:  # routers start at zero: spread them so experts differ
+            torch.nn.init.normal_(param, std=0.5)
+    return model
+
+
+def batches(vocab: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for step in range(STEPS):
+        rows = []
+        for length in (9 + step, 6, 12, 7)[:ROWS]:
+            ids = torch.randint(1, vocab, (length,), generator=generator)
+            rows.append({"input_ids": ids.tolist(), "labels": ids.tolist()})
+        out.append(rows)
+    return out
+
+
+def summed_loss(model, rows) -> tuple[torch.Tensor, int]:
+    batch = InputProcessor()(rows)
+    logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
+    mask = batch["labels"][:, 1:] != -100
+    logps = logps_from_logits(logits, batch["labels"]).logps[:, 1:]
+    return -(logps * mask).sum(), int(mask.sum())
+
+
+def max_diff(reference, parallel, rank: int, view) -> float:
+    """Largest difference, comparing each EP expert weight with the reference's slice."""
+    experts = {id(p) for p in expert_parameters(parallel)}
+    worst = 0.0
+    for ref, par in zip(reference.parameters(), parallel.parameters(), strict=True):
+        ref_value, par_value = view(ref), view(par)
+        if id(par) in experts:
+            local = par.shape[0]
+            ref_value = ref_value[rank * local : (rank + 1) * local]
+        worst = max(worst, float((ref_value - par_value).abs().max()))
+    return worst
+
+
+def run_case(kind: str, mesh: DeviceMesh) -> dict:
+    config = tiny_config(kind)
+    reference, parallel = build(config), build(config)
+    apply_expert_parallel(parallel, mesh, ExpertParallelConfig())
+    experts = {id(p) for p in expert_parameters(parallel)}
+    optimizers = [torch.optim.SGD(m.parameters(), lr=LR) for m in (reference, parallel)]
+    losses_ref, losses_ep, grad_diff = [], [], None
+    for rows in batches(config.vocab_size):
+        loss, tokens = summed_loss(reference, rows)
+        (loss / tokens).backward()
+        losses_ref.append(float(loss.detach()) / tokens)
+        local, _ = summed_loss(parallel, rows[mesh.get_slice(len(rows))])
+        local.backward()
+        total = local.detach().clone()
+        dist.all_reduce(total)
+        losses_ep.append(float(total) / tokens)
+        ranks = dist.get_world_size()
+        for param in parallel.parameters():
+            if id(param) not in experts and param.grad is not None:
+                dist.all_reduce(param.grad)  # dense: averaged over the ranks, as DDP does
+                param.grad.div_(ranks)
+        sync_expert_gradients(parallel)
+        for param in parallel.parameters():  # the wrapper's one scale: ranks / global tokens
+            param.grad.mul_(ranks / tokens)
+        if grad_diff is None:
+            grad_diff = max_diff(reference, parallel, mesh.ep_rank, lambda p: p.grad)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    return {
+        "losses_ref": losses_ref,
+        "losses_ep": losses_ep,
+        "max_grad_diff": grad_diff,
+        "max_param_diff": max_diff(reference, parallel, mesh.ep_rank, lambda p: p.detach()),
+        "local_experts": [p.shape[0] for p in expert_parameters(parallel)],
+    }
+
+
+def train_model(mesh: DeviceMesh | None) -> dict:
+    """TransformersModel's loop on the tiny Qwen3-MoE: per-step losses, gathered weights."""
+    model = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=mesh)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, param in model.model.named_parameters():
+            if "gate.weight" in name:
+                param.normal_(std=0.5, generator=generator)
+    model.set_optimizer("AdamW", lr=1e-2)
+    losses, norms = [], []
+    for rows in batches(model.model.config.vocab_size):
+        share = rows if mesh is None else rows[mesh.get_slice(len(rows))]
+        model.forward_backward(share)
+        norms.append(model.clip_grad_and_step(1.0))
+        losses.append(model.calculate_metric()["loss"])
+    weights = full_model_state_dict(model.model)
+    if mesh is not None and weights:  # the state dict holds this EP rank's experts only
+        weights.update(gather_expert_weights(model.model))
+    elif mesh is not None:
+        gather_expert_weights(model.model)  # a collective: every rank takes part
+    return {"losses": losses, "grad_norms": norms, "weights": weights}
+
+
+def model_case(mesh: DeviceMesh) -> dict:
+    reference, parallel = train_model(None), train_model(mesh)
+    diffs = [
+        (reference["weights"][name] - weight).abs().max()
+        for name, weight in parallel["weights"].items()
+    ]
+    return {
+        "losses_ref": reference["losses"],
+        "losses_ep": parallel["losses"],
+        "grad_norms_ref": reference["grad_norms"],
+        "grad_norms_ep": parallel["grad_norms"],
+        "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
+        "max_param_diff": float(max(diffs)) if diffs else None,
+    }
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    world = dist.get_world_size()
+    if world == 4:
+        mesh = DeviceMesh.from_sizes(world_size=4, ep_size=2, ep_fsdp_size=2, device_type="cpu")
+        result = {"model_ep_fsdp": model_case(mesh)}
+    else:
+        # dp=2: DDP, experts stay whole and sync_expert_gradients reduces them; with
+        # world_size=2 EP folds into fsdp=2: FSDP2 shards the dense model and the experts.
+        mesh = DeviceMesh.from_sizes(dp_size=2, ep_size=2, device_type="cpu")
+        fsdp_mesh = DeviceMesh.from_sizes(world_size=2, ep_size=2, device_type="cpu")
+        result = {
+            "qwen3_moe": run_case("qwen3_moe", mesh),
+            "qwen3_5_moe": run_case("qwen3_5_moe", mesh),
+            "model_ep": model_case(fsdp_mesh),
+            "model_ep_ddp": model_case(mesh),
+            "model_ep_sp": model_case(
+                DeviceMesh.from_sizes(world_size=2, ep_size=2, ulysses_size=2, device_type="cpu")
+            ),
+        }
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,234 @@
+"""Ulysses SP(2) against one process, run by test_sequence_parallel under torchrun (2 ranks).
+
+    torchrun --nproc_per_node=2 sp_equivalence.py OUT
+
+Functions (plain Hugging Face models): every rank builds the same tiny model twice (same
+seed), a reference trained on the whole batch in this process and an SP copy trained on
+its sequence shard, its gradients summed over the SP group (the data-parallel strategy's
+job in the library). Both take the same SGD steps on the same batches; each case records
+the per-step losses, the largest gradient difference of the first step and the largest
+parameter difference at the end. (SGD, not AdamW: Adam divides by the gradient's own size,
+so on parameters whose gradients are ~1e-7, float32 rounding noise of 1e-10 becomes a
+visible parameter difference.) Cases: a padded batch of odd-length rows (sdpa and eager
+attention) and a packed row (Qwen3), a padded batch and a packed row on Qwen3.5
+(GatedDeltaNet layers run on the gathered sequence; packed, through twinkle.patch's varlen
+layers), a padded batch on a Qwen3-MoE.
+
+TransformersModel: the same batches through its own loop (AdamW, clipping) with the
+mesh (FSDP2 over the two SP ranks), full training on padded batches and LoRA with
+activation checkpointing on packed ones, against a TransformersModel without a mesh.
+
+Plus a forward without labels (gathered logits) and the bad inputs that must fail at setup.
+Results go to OUT/rank<r>.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from peft import LoraConfig
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from twinkle.hub import resolve_model
+from twinkle.loss import logps_from_logits
+from twinkle.mesh import DeviceMesh
+from twinkle.model import TransformersModel
+from twinkle.model.transformers.strategy.sequence_parallel import (
+    SequenceParallelConfig,
+    apply_sequence_parallel,
+)
+from twinkle.model.transformers.strategy.state_dict import full_model_state_dict
+from twinkle.patch import apply_for_batch
+from twinkle.processor import InputProcessor
+
+STEPS, LR = 3, 0.5
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+SMALL.update(head_dim=16, vocab_size=512, intermediate_size=128, pad_token_id=0)
+
+
+def tiny_config(kind: str):
+    if kind == "qwen3":
+        return AutoConfig.from_pretrained(resolve_model("bundled://tiny-qwen3"))
+    if kind == "qwen3_5":
+        return AutoConfig.for_model(
+            "qwen3_5_text",
+            **SMALL,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+        )
+    return AutoConfig.for_model(
+        "qwen3_moe", **SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+    )
+
+
+def build(config, attention: str = "sdpa") -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = copy.deepcopy(config)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    return model.float()
+
+
+def feature_batches(vocab: int) -> list[list[dict]]:
+    """STEPS batches of 3 rows with odd lengths (so SP padding is exercised), fixed seed."""
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for step in range(STEPS):
+        features = []
+        for length in (7 + step, 12, 5):
+            ids = torch.randint(1, vocab, (length,), generator=generator)
+            labels = ids.clone()
+            labels[: length // 3] = -100  # a prompt outside the loss
+            features.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
+        out.append(features)
+    return out
+
+
+def batches(vocab: int, packed: bool) -> list[dict]:
+    processor = InputProcessor(padding_free=packed)
+    return [processor(features) for features in feature_batches(vocab)]
+
+
+def masked_loss(logps: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    mask = labels[:, 1:] != -100
+    return -(logps[:, 1:] * mask).sum(), int(mask.sum())
+
+
+def reference_step(model, batch) -> torch.Tensor:
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    logits = model(**inputs, use_cache=False).logits
+    loss, tokens = masked_loss(logps_from_logits(logits, batch["labels"]).logps, batch["labels"])
+    return loss / tokens
+
+
+def sp_step(model, sp, batch) -> torch.Tensor:
+    inputs, shard = sp.shard(batch)
+    logits = model(**inputs, use_cache=False).logits
+    loss, tokens = masked_loss(shard.outputs(logits)["logps"], batch["labels"])
+    (loss / tokens).backward()
+    for param in model.parameters():
+        if param.grad is not None:
+            dist.all_reduce(param.grad, group=sp.group)  # partials of one SP group sum up
+    return loss.detach() / tokens
+
+
+def max_diff(a: torch.nn.Module, b: torch.nn.Module, view) -> float:
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return max(float((view(x) - view(y)).abs().max()) for x, y in pairs)
+
+
+def run_case(kind: str, packed: bool, mesh: DeviceMesh, attention: str = "sdpa") -> dict:
+    config = tiny_config(kind)
+    reference, parallel = build(config, attention), build(config, attention)
+    sp = apply_sequence_parallel(parallel, mesh, SequenceParallelConfig())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=LR) for m in (reference, parallel)]
+    losses_ref, losses_sp, grad_diff = [], [], None
+    for batch in batches(config.vocab_size, packed):
+        for model in (reference, parallel):  # Qwen3.5 + packed: twinkle.patch's varlen layers
+            apply_for_batch(model, batch)
+        loss = reference_step(reference, batch)
+        loss.backward()
+        losses_ref.append(float(loss.detach()))
+        losses_sp.append(float(sp_step(parallel, sp, batch)))
+        if grad_diff is None:
+            grad_diff = max_diff(reference, parallel, lambda p: p.grad)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    return {
+        "losses_ref": losses_ref,
+        "losses_sp": losses_sp,
+        "max_grad_diff": grad_diff,
+        "max_param_diff": max_diff(reference, parallel, lambda p: p.detach()),
+    }
+
+
+def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
+    """TransformersModel's own loop (FSDP over the SP ranks, from the mesh) on the bundled
+    model: losses per step and the gathered trainable weights."""
+    torch.manual_seed(0)  # the LoRA init draws from the global generator
+    # LoRA also recomputes activations: the all-to-alls run again inside the backward.
+    model = TransformersModel(
+        "bundled://tiny-qwen3", device="cpu", device_mesh=mesh, gradient_checkpointing=lora
+    )
+    if lora:
+        model.add_adapter_to_model("default", LoraConfig(r=4, target_modules="all-linear"))
+    model.set_processor(InputProcessor, padding_free=packed)
+    model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
+    losses = []
+    for features in feature_batches(model.model.config.vocab_size):
+        losses.append(model.forward_backward(features).loss)
+        model.clip_grad_and_step(1.0)
+    names = {n for n, p in model.model.named_parameters() if p.requires_grad}
+    state = full_model_state_dict(model.model)
+    return {"losses": losses, "weights": {n: state[n].float() for n in names if n in state}}
+
+
+def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
+    reference = train_model(None, lora, packed)
+    parallel = train_model(mesh, lora, packed)
+    diffs = [(reference["weights"][n] - w).abs().max() for n, w in parallel["weights"].items()]
+    return {
+        "losses_ref": reference["losses"],
+        "losses_sp": parallel["losses"],
+        "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
+        "max_param_diff": float(max(diffs)) if diffs else None,
+    }
+
+
+def gathered_logits(mesh: DeviceMesh) -> float:
+    """A forward without labels returns the full-sequence logits on every SP rank."""
+    config = tiny_config("qwen3")
+    reference, parallel = build(config), build(config)
+    sp = apply_sequence_parallel(parallel, mesh)
+    batch = batches(config.vocab_size, packed=False)[0]
+    batch.pop("labels")
+    with torch.no_grad():
+        expected = reference(**batch, use_cache=False).logits
+        inputs, shard = sp.shard(batch)
+        got = shard.outputs(parallel(**inputs, use_cache=False).logits)["logits"]
+    return float((expected - got).abs().max())
+
+
+def setup_error(kind: str, mesh: DeviceMesh, **overrides) -> str:
+    config = tiny_config(kind)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    try:
+        apply_sequence_parallel(build(config), mesh)
+    except (ValueError, NotImplementedError) as exc:
+        return str(exc)
+    return ""
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
+    result = {
+        "padded": run_case("qwen3", packed=False, mesh=mesh),
+        "padded_eager": run_case("qwen3", packed=False, mesh=mesh, attention="eager"),
+        "packed": run_case("qwen3", packed=True, mesh=mesh),
+        "qwen3_5": run_case("qwen3_5", packed=False, mesh=mesh),
+        "qwen3_5_packed": run_case("qwen3_5", packed=True, mesh=mesh),
+        "moe": run_case("moe", packed=False, mesh=mesh),
+        "logits_diff": gathered_logits(mesh),
+        "model_full_padded": model_case(mesh, lora=False, packed=False),
+        "model_lora_packed": model_case(mesh, lora=True, packed=True),
+        "bad_kv_heads": setup_error("qwen3", mesh, num_key_value_heads=1),
+        "bad_router_logits": setup_error("moe", mesh, output_router_logits=True),
+    }
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,163 @@
+"""Expert parallel: EP(2) and EP(2) × ep_fsdp(2) under torchrun (gloo, CPU) against one process.
+
+Two torchrun launches run scripts/ep_equivalence.py: 2 ranks (the functions on Qwen3-MoE and
+Qwen3.5-MoE with DDP-style reduction; TransformersModel under FSDP2, under DDP, and with
+Ulysses SP(2) on the same ranks) and 4 ranks (TransformersModel, EP(2) × ep_fsdp(2)).
+Tolerances (float32): losses to 1e-6 relative; first-step gradients to 1e-6 absolute and
+parameters after 3 SGD steps to 1e-5 (measured: <= 1.4e-7, <= 2.5e-7); through
+TransformersModel, clipped gradient norms to 1e-6 relative and parameters after 3 AdamW
+steps (lr 1e-2) to 1e-4 (measured: <= 1.6e-5; Adam turns float32 noise on near-zero
+gradients into step-sized differences).
+The bad inputs fail at setup, before any process group is needed, so they run here.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from twinkle.hub import resolve_model
+from twinkle.mesh import DeviceMesh
+from twinkle.model.transformers.moe import ExpertParallelConfig, apply_expert_parallel
+
+SCRIPT = Path(__file__).parent / "scripts" / "ep_equivalence.py"
+MOE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+MOE.update(vocab_size=128, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path_factory, ranks: int) -> list[dict]:
+    out = tmp_path_factory.mktemp(f"ep{ranks}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(SCRIPT),
+        str(out),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    return launch(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory) -> list[dict]:
+    return launch(tmp_path_factory, 4)
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe", "qwen3_5_moe"])
+def test_ep_functions_match_one_process(two_ranks, case):
+    for rank in two_ranks:
+        got = rank[case]
+        assert got["losses_ep"] == pytest.approx(got["losses_ref"], rel=1e-6)
+        assert got["max_grad_diff"] < 1e-6
+        assert got["max_param_diff"] < 1e-5
+        assert got["local_experts"] == [2, 2, 2, 2]  # 2 layers × 2 weights, 2 of 4 experts
+    assert len(set(two_ranks[0][case]["losses_ref"])) == 3
+
+
+def check_model_case(ranks: list[dict], case: str) -> None:
+    for rank in ranks:
+        got = rank[case]
+        assert got["losses_ep"] == pytest.approx(got["losses_ref"], rel=1e-6)
+        assert got["grad_norms_ep"] == pytest.approx(got["grad_norms_ref"], rel=1e-6)
+    # Rank 0 compares every weight, the experts gathered whole from the EP ranks.
+    assert ranks[0][case]["weights_compared"] == 25
+    assert ranks[0][case]["max_param_diff"] < 1e-4
+
+
+@pytest.mark.parametrize("case", ["model_ep", "model_ep_ddp", "model_ep_sp"])
+def test_transformers_model_under_ep_matches_one_process(two_ranks, case):
+    check_model_case(two_ranks, case)
+
+
+def test_transformers_model_under_ep_and_ep_fsdp_matches_one_process(four_ranks):
+    check_model_case(four_ranks, "model_ep_fsdp")
+
+
+def moe_model(num_experts: int = 4):
+    config = AutoConfig.for_model("qwen3_moe", **MOE, num_experts=num_experts)
+    return AutoModelForCausalLM.from_config(config)
+
+
+MESH = DeviceMesh.from_sizes(dp_size=2, ep_size=2, device_type="cpu")
+
+
+def test_ep_with_a_dense_model_is_an_error():
+    config = AutoConfig.from_pretrained(resolve_model("bundled://tiny-qwen3"))
+    with pytest.raises(ValueError, match="ep_size=2 needs a mixture-of-experts model"):
+        apply_expert_parallel(AutoModelForCausalLM.from_config(config), MESH)
+
+
+def test_experts_not_divisible_by_ep_size_is_an_error():
+    with pytest.raises(ValueError, match="num_experts=3 is not divisible by ep_size=2"):
+        apply_expert_parallel(moe_model(num_experts=3), MESH)
+
+
+def test_config_ep_size_must_match_the_mesh():
+    with pytest.raises(ValueError, match=r"ep_size=4\) differs from the DeviceMesh's"):
+        apply_expert_parallel(moe_model(), MESH, ExpertParallelConfig(ep_size=4))
+
+
+def test_unknown_router_dtype_is_an_error():
+    with pytest.raises(ValueError, match="router_dtype must be one of fp32, bf16, fp16"):
+        ExpertParallelConfig(router_dtype="fp8")
+
+
+def test_ep_needs_torch_distributed():
+    with pytest.raises(RuntimeError, match="expert parallel needs torch.distributed"):
+        apply_expert_parallel(moe_model(), MESH)
+
+
+def test_disabled_or_size_one_leaves_the_model_alone():
+    model = moe_model()
+    apply_expert_parallel(model, MESH, ExpertParallelConfig(enabled=False))
+    apply_expert_parallel(model, DeviceMesh.from_sizes(device_type="cpu"))
+    assert model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
+
+
+def test_the_ep_cookbook_trains(tmp_path):
+    script = Path(__file__).resolve().parents[3] / "cookbook" / "torchrun" / "ep.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    env["TWINKLE_MAX_STEPS"] = "2"
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script)]
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    metric = re.search(r"step 0 of \d+, metric: \{'loss': ([0-9.]+)", done.stderr)
+    assert metric is not None, done.stderr[-3000:]
+    assert 7.0 < float(metric.group(1)) < 9.0
+
+
+def test_an_adapter_on_the_experts_is_an_error():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(moe_model(), LoraConfig(r=2, target_modules="all-linear"))
+    with pytest.raises(NotImplementedError, match="a peft adapter wraps the experts"):
+        apply_expert_parallel(model, MESH)

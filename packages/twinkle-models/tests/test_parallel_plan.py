@@ -1,0 +1,60 @@
+"""The strategy functions in one process: which plan a mesh gets, the mesh checks, the mixed
+precision policy and the global-norm clipping (against torch's own)."""
+
+import pytest
+import torch
+
+from twinkle import DeviceMesh
+from twinkle.model import TransformersModel
+from twinkle.model.transformers.strategy import check_mesh, parallelize
+from twinkle.model.transformers.strategy.fsdp import decoder_layers, mixed_precision_policy
+from twinkle.model.transformers.strategy.grads import clip_grad_norm
+
+MODEL_ID = "bundled://tiny-qwen3"
+
+
+def test_a_mesh_sized_for_more_processes_than_run_is_refused_with_the_launch_command():
+    model = TransformersModel(
+        MODEL_ID,
+        device="cpu",
+        device_mesh=DeviceMesh.from_sizes(fsdp_size=2, dp_size=2, device_type="cpu"),
+    )
+    with pytest.raises(ValueError, match=r"world_size 4 \(dp=2 × fsdp=2\).*--nproc_per_node=4"):
+        model.set_optimizer("AdamW")
+
+
+def test_tensor_and_pipeline_parallel_meshes_are_refused():
+    with pytest.raises(ValueError, match="tp=2.*MegatronModel"):
+        check_mesh(DeviceMesh.from_sizes(dp_size=1, tp_size=2, device_type="cpu"))
+
+
+def test_one_process_gets_a_plan_that_wraps_nothing_and_enables_checkpointing():
+    model = TransformersModel(MODEL_ID, device="cpu").model
+    plan = parallelize(
+        model, DeviceMesh.from_sizes(dp_size=1, device_type="cpu"), gradient_checkpointing=True
+    )
+    assert plan.kind == "single" and not plan.distributed and plan.gradient_ranks == 1
+    assert model.is_activation_checkpointing
+    assert plan.run("unit", lambda x: x + 1, 1) == 2
+    assert plan.all_reduce_sum(3.5) == 3.5
+    assert len(decoder_layers(model)) == model.config.num_hidden_layers
+
+
+def test_mixed_precision_policy_computes_low_and_reduces_in_float32():
+    bf16 = mixed_precision_policy("bf16")
+    assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32
+    assert mixed_precision_policy("fp32").param_dtype is None
+
+
+def test_clipping_matches_torch_on_plain_gradients():
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for a, b in zip(ours, theirs, strict=True):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    norm = clip_grad_norm(ours, 1.0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert norm == pytest.approx(float(expected), rel=1e-6) and norm > 1.0
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)

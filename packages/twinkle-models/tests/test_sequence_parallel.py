@@ -1,0 +1,153 @@
+"""Ulysses sequence parallel: SP(2) under torchrun (gloo, CPU) against one process.
+
+One torchrun launch runs every case of scripts/sp_equivalence.py. Tolerances (float32):
+losses to 1e-6 relative; first-step gradients to 1e-6 absolute (measured: <= 5e-8);
+parameters after 3 SGD steps to 1e-5, after 3 AdamW steps through TransformersModel to
+1e-5 (measured: <= 2e-6).
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from twinkle.mesh import DeviceMesh
+from twinkle.model.transformers.strategy.sequence_parallel import (
+    SequenceParallelConfig,
+    apply_sequence_parallel,
+)
+
+SCRIPT = Path(__file__).parent / "scripts" / "sp_equivalence.py"
+FUNCTION_CASES = ("padded", "padded_eager", "packed", "qwen3_5", "qwen3_5_packed", "moe")
+MODEL_CASES = ("model_full_padded", "model_lora_packed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("sp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(SCRIPT),
+        str(out),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", FUNCTION_CASES)
+def test_sp_matches_one_process(results, case):
+    for rank in results:
+        got = rank[case]
+        assert got["losses_sp"] == pytest.approx(got["losses_ref"], rel=1e-6)
+        assert got["max_grad_diff"] < 1e-6
+        assert got["max_param_diff"] < 1e-5
+    # The steps changed the model: equal losses are not three copies of the first one.
+    assert len(set(results[0][case]["losses_ref"])) == 3
+
+
+@pytest.mark.parametrize("case", MODEL_CASES)
+def test_transformers_model_under_sp_matches_one_process(results, case):
+    for rank in results:
+        assert rank[case]["losses_sp"] == pytest.approx(rank[case]["losses_ref"], rel=1e-6)
+    assert results[0][case]["weights_compared"] > 0
+    assert results[0][case]["max_param_diff"] < 1e-5
+
+
+def test_forward_without_labels_returns_full_logits(results):
+    assert [rank["logits_diff"] for rank in results] == [0.0, 0.0]
+
+
+def test_heads_not_divisible_by_ulysses_size_fail_at_setup(results):
+    for rank in results:
+        assert (
+            "ulysses_size=2 must divide the model's num_key_value_heads=1" in rank["bad_kv_heads"]
+        )
+
+
+def test_moe_router_logits_output_fails_at_setup(results):
+    for rank in results:
+        assert "output_router_logits=True" in rank["bad_router_logits"]
+        assert "is not supported under Ulysses" in rank["bad_router_logits"]
+
+
+def tiny_model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from twinkle.hub import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model("bundled://tiny-qwen3"))
+    return AutoModelForCausalLM.from_config(config)
+
+
+def test_config_ulysses_size_must_match_the_mesh():
+    mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
+    with pytest.raises(ValueError, match=r"ulysses_size=4\) differs from the DeviceMesh's"):
+        apply_sequence_parallel(tiny_model(), mesh, SequenceParallelConfig(ulysses_size=4))
+
+
+def test_sp_needs_torch_distributed():
+    assert not torch.distributed.is_initialized()
+    mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
+    with pytest.raises(RuntimeError, match="needs torch.distributed: launch with torchrun"):
+        apply_sequence_parallel(tiny_model(), mesh)
+
+
+def test_disabled_or_size_one_is_a_no_op():
+    model = tiny_model()
+    mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
+    assert apply_sequence_parallel(model, mesh, SequenceParallelConfig(enabled=False)) is None
+    assert apply_sequence_parallel(model, DeviceMesh.from_sizes(device_type="cpu")) is None
+    assert model.config._attn_implementation == "sdpa"
+
+
+def first_rows_tokens(rows: int) -> int:
+    from twinkle.dataset import Dataset, DatasetMeta
+    from twinkle.preprocessor import SelfCognitionProcessor
+
+    dataset = Dataset(dataset_meta=DatasetMeta("bundled://self-cognition"))
+    dataset.set_template("Qwen3_5Template", model_id="bundled://tiny-qwen3")
+    dataset.map(SelfCognitionProcessor("twinkle大模型", "ModelScope社区"))
+    dataset.encode()
+    return sum(len(dataset[i]["input_ids"]) for i in range(rows))
+
+
+def test_the_sp_cookbook_trains_and_counts_each_batch_once(tmp_path):
+    script = Path(__file__).resolve().parents[3] / "cookbook" / "torchrun" / "sp.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    env["TWINKLE_MAX_STEPS"] = "2"
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script)]
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    metric = re.search(
+        r"step 0 of \d+, metric: \{'loss': ([0-9.]+).*'tokens': ([0-9.]+)", done.stderr
+    )
+    assert metric is not None, done.stderr[-3000:]
+    assert 7.0 < float(metric.group(1)) < 9.0
+    # Both Ulysses peers read the same 4 rows; the metrics count them once.
+    assert float(metric.group(2)) == first_rows_tokens(4)
