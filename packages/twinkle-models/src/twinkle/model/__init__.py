@@ -1,7 +1,9 @@
-"""TwinkleModel and its backends: TransformersModel now, MegatronModel with its issue."""
+"""TwinkleModel and its backends: TransformersModel and MegatronModel (megatron-core is imported
+only when a MegatronModel is built)."""
 
 from twinkle.model.base import TwinkleModel
 from twinkle.model.checkpoint import CheckpointError
+from twinkle.model.megatron import MegatronModel
 from twinkle.model.transformers import TransformersModel
 
-__all__ = ["CheckpointError", "TransformersModel", "TwinkleModel"]
+__all__ = ["CheckpointError", "MegatronModel", "TransformersModel", "TwinkleModel"]

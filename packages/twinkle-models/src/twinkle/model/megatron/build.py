@@ -1,0 +1,93 @@
+"""Build this rank's Megatron GPTModel chunk(s) with the local layer spec and load HF weights."""
+
+from __future__ import annotations
+
+import torch
+
+from twinkle.model.megatron.config import GPTSpec
+from twinkle.model.megatron.convert import HFWeightReader, load_hf_weights
+
+
+def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.nn.Module]:
+    """One GPTModel per virtual pipeline stage of this rank (one without vpp).
+
+    The local layer spec needs neither Transformer Engine nor apex; the same code
+    runs on GPU, where Transformer Engine is optional.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer_spec = get_gpt_layer_local_spec(
+        num_experts=spec.num_experts or None,
+        moe_grouped_gemm=False,
+        qk_layernorm=spec.qk_norm,
+        normalization="RMSNorm",
+    )
+    if spec.num_experts:
+        _define_missing_te_gemm()
+    vpp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vpp or 1):
+        stage = vp_stage if vpp else None
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=spec.padded_vocab_size,
+            max_sequence_length=spec.max_positions,
+            pre_process=parallel_state.is_pipeline_first_stage(
+                ignore_virtual=False, vp_stage=stage
+            ),
+            post_process=parallel_state.is_pipeline_last_stage(
+                ignore_virtual=False, vp_stage=stage
+            ),
+            share_embeddings_and_output_weights=spec.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=spec.rope_theta,
+            vp_stage=stage,
+        )
+        chunks.append(chunk.to(device))
+    return chunks
+
+
+def _define_missing_te_gemm() -> None:
+    """NOTE: megatron-core 0.16's router reads the name ``te_general_gemm`` that it defines
+    only when Transformer Engine imports; without Transformer Engine (the local spec's
+    case, on any device) the MoE router fails with a NameError. None is its own
+    "not available" value."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def load_weights(chunks: list[torch.nn.Module], spec: GPTSpec, reader: HFWeightReader) -> None:
+    """Fill every chunk from Hugging Face weights, this rank's tensor-parallel shard only."""
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    for chunk in chunks:
+        load_hf_weights(chunk, spec, reader, tp_rank, tp)
+
+
+def wrap_ddp(chunks: list[torch.nn.Module], config, use_distributed_optimizer: bool) -> list:
+    """Megatron's DDP around each chunk: fp32 gradient buffers its optimizer steps from.
+
+    Gradients are reduced once per step (``finalize_model_grads``), not overlapped with
+    backward, so accumulation over several ``forward_backward`` calls needs no no-sync
+    context.
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return [
+        DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=index > 0
+        )
+        for index, chunk in enumerate(chunks)
+    ]

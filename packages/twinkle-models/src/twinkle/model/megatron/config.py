@@ -1,0 +1,191 @@
+"""A Hugging Face config, read as a Megatron GPTModel: the TransformerConfig and model arguments.
+
+Supported families: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts,
+no auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2
+and Llama (optional q/k/v bias), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
+would silently change the maths (rope scaling, sliding windows, biases on other
+linears) is refused by name.
+
+The vocabulary is padded to a multiple of tp (Megatron splits the embedding rows
+evenly); the padding rows never reach a loss: ``logps`` masks them out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class GPTSpec:
+    """What conversion and the model need to agree on, derived once from the HF config."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    padded_vocab_size: int
+    qk_norm: bool
+    qkv_bias: bool
+    tie_embeddings: bool
+    rope_theta: float
+    norm_eps: float
+    max_positions: int
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    topk: int = 0
+    # Hugging Face renormalises the top-k softmax weights (norm_topk_prob), which equals
+    # Megatron's softmax over the top-k logits; without renormalisation, Megatron's
+    # pre-softmax routing (softmax over all experts, then top-k) is the same maths.
+    pre_softmax: bool = False
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def _rope_theta(hf_config: Any) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported by MegatronModel yet (only plain RoPE); "
+            "use TransformersModel for this model"
+        )
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("the model config has no rope_theta")
+    return float(theta)
+
+
+def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
+    """Read the HF config; refuse what the converted model would compute differently."""
+    model_type = hf_config.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"MegatronModel converts {', '.join(SUPPORTED_MODEL_TYPES)} models; "
+            f"{model_type!r} is not one of them (use TransformersModel)"
+        )
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported by MegatronModel")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("MLP biases are not supported by MegatronModel")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf_config.hidden_act!r}: MegatronModel supports 'silu'")
+    heads = hf_config.num_attention_heads
+    vocab = hf_config.vocab_size
+    moe = {}
+    if model_type == "qwen3_moe":
+        if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(
+            hf_config, "mlp_only_layers", None
+        ):
+            raise ValueError(
+                "MegatronModel converts Qwen3-MoE models whose every layer is a mixture of "
+                "experts (decoder_sparse_step=1, no mlp_only_layers)"
+            )
+        moe = dict(
+            num_experts=hf_config.num_experts,
+            moe_ffn_hidden_size=hf_config.moe_intermediate_size,
+            topk=hf_config.num_experts_per_tok,
+            pre_softmax=not hf_config.norm_topk_prob,
+        )
+    qkv_bias = bool(getattr(hf_config, "attention_bias", model_type == "qwen2"))
+    return GPTSpec(
+        model_type=model_type,
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        ffn_hidden_size=hf_config.intermediate_size,
+        vocab_size=vocab,
+        padded_vocab_size=-(-vocab // tp) * tp,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qkv_bias=qkv_bias,
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        rope_theta=_rope_theta(hf_config),
+        norm_eps=hf_config.rms_norm_eps,
+        max_positions=hf_config.max_position_embeddings,
+        **moe,
+    )
+
+
+def _keep(weight: torch.Tensor) -> None:
+    """An init method that leaves the weight as allocated (conversion fills it)."""
+
+
+def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cuda: bool):
+    """Megatron's TransformerConfig for ``spec`` under ``layout``, with the local layer spec.
+
+    Conversion overwrites every weight, so the init methods do nothing. NOTE:
+    ``perform_initialization`` must stay True even so: megatron-core 0.16 marks
+    tensor-parallel weights (``tensor_model_parallel``) only inside its init path, and
+    unmarked shards are counted as duplicates by the gradient-norm and clipping code.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = _DTYPES[precision]
+    moe = {}
+    if spec.num_experts:
+        moe = dict(
+            num_moe_experts=spec.num_experts,
+            moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+            moe_router_topk=spec.topk,
+            moe_router_pre_softmax=spec.pre_softmax,
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0,
+            expert_tensor_parallel_size=1,
+            # alltoall is the fast path on GPUs; allgather needs no CUDA stream.
+            moe_token_dispatcher_type="alltoall" if device_is_cuda else "allgather",
+        )
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        sequence_parallel=layout.sequence_parallel,
+        params_dtype=dtype,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        pipeline_dtype=dtype,
+        autocast_dtype=dtype,
+        use_cpu_initialization=not device_is_cuda,
+        perform_initialization=True,
+        init_method=_keep,
+        output_layer_init_method=_keep,
+        # Losses return sums and the step divides by the token count (TwinkleModel's contract).
+        calculate_per_token_loss=True,
+        # The fused kernels need CUDA extensions; the unfused paths compute the same.
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        deallocate_pipeline_outputs=device_is_cuda,
+        **moe,
+    )

@@ -1,0 +1,559 @@
+"""MegatronModel: a Hugging Face checkpoint trained as a Megatron-core GPTModel, same loop.
+
+The model is converted from Hugging Face weights on the fly (each rank reads only
+its tensor/pipeline shard; ``convert``), laid out by the DeviceMesh (``layout``),
+wrapped in Megatron's DDP (fp32 gradient buffers) and stepped by Megatron's
+optimizer. ``forward_backward`` runs Megatron's pipeline schedules over
+micro-batches; the twinkle Loss classes run on the last pipeline stage on
+per-token logps computed across the tensor-parallel vocabulary slices (``logps``).
+
+The TwinkleModel contract holds as for TransformersModel: losses return sums, and
+the step divides the accumulated gradients by the token count of every
+micro-batch of every data rank once (Megatron's ``finalize_model_grads`` with
+``calculate_per_token_loss``). Results are broadcast from the last pipeline
+stage, so every rank returns the same loss, logps and metrics.
+
+``add_adapter_to_model`` trains one LoRA adapter on Megatron's tensor-parallel
+linears (``lora``), saved as a peft adapter for the Hugging Face model.
+
+Not supported (each an error that says so): several adapters, padding-free (packed)
+batches, left padding, Ulysses sequence parallel, and what needs Transformer Engine or
+apex under megatron-core 0.16 (the local layer spec uses torch's norms and attention):
+Megatron sequence parallel, context parallel, and tensor parallel on a mixture-of-experts
+model; expert tensor parallel (etp > 1); saving the distributed optimizer's state.
+megatron-core is imported when a MegatronModel is built, never when this module is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from twinkle.data_format import ModelOutput
+from twinkle.infra import get_global_device_mesh, remote_class, remote_function
+from twinkle.loss import build_loss
+from twinkle.mesh import DeviceMesh, Platform
+from twinkle.metric import MetricCollection, build_metric, build_train_metrics
+from twinkle.model.base import TwinkleModel
+from twinkle.model.megatron._require import require_megatron
+from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
+from twinkle.model.precision import resolve_precision
+from twinkle.model.train_state import FULL_MODEL, TrainState
+from twinkle.module import build_lr_scheduler
+from twinkle.processor import InputProcessor
+from twinkle.template import build_template
+
+
+def _check_accumulation_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+    return steps
+
+
+def _default_device() -> torch.device:
+    if Platform.detect_device_type() == "cuda":
+        device = torch.device("cuda", Platform.get_local_rank())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+@remote_class(execute="all")
+class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
+    """A Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM from a hub id, a folder or
+    ``bundled://tiny-qwen3``, trained with Megatron-core's tensor, pipeline (and virtual
+    pipeline), context, expert and data parallelism as the DeviceMesh says.
+
+    ``mixed_precision='bf16'`` keeps bf16 weights with fp32 master weights in the
+    optimizer (Megatron's scheme); 'auto' is bf16 on a GPU and fp32 on a CPU.
+    ``use_distributed_optimizer`` shards the optimizer state over data-parallel ranks.
+    A folder without weights (the bundled recipe) is a random init from ``seed``, the
+    same weights TransformersModel builds from it.
+    """
+
+    def __init__(
+        self,
+        model_id: str | os.PathLike | None = None,
+        *,
+        config: Any = None,
+        device_mesh: DeviceMesh | None = None,
+        mixed_precision: str = "auto",
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        use_distributed_optimizer: bool = False,
+    ) -> None:
+        require_megatron()
+        from twinkle.model.megatron.build import build_gpt_chunks, load_weights, wrap_ddp
+        from twinkle.model.megatron.config import gpt_spec, transformer_config
+        from twinkle.model.megatron.layout import MegatronLayout, initialize_parallel_state
+        from twinkle.model.megatron.source import hf_source
+
+        self.model_id = None if model_id is None else str(model_id)
+        self.device_mesh = device_mesh or get_global_device_mesh()
+        self.layout = MegatronLayout.from_mesh(self.device_mesh)
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.precision = resolve_precision(mixed_precision, self.device.type)
+        self.use_distributed_optimizer = bool(use_distributed_optimizer)
+        self.seed = seed
+        self.lora_config = self.lora_settings = None
+        self.hf_config, reader, self.model_dir = hf_source(model_id, config, seed)
+        self.layout.check_model(self.hf_config)
+        self.spec = gpt_spec(self.hf_config, self.layout.tp)
+        initialize_parallel_state(self.layout, seed)
+        self.config = transformer_config(
+            self.spec, self.layout, self.precision, self.device.type == "cuda"
+        )
+        chunks = build_gpt_chunks(self.spec, self.config, self.device)
+        load_weights(chunks, self.spec, reader)
+        self.chunks = wrap_ddp(chunks, self.config, self.use_distributed_optimizer)
+        self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
+        self._grads_ready = False  # main gradients prepared for the coming optimizer step
+
+    # ---- per-unit components ------------------------------------------------------------
+
+    def _new_state(self, name: str, gradient_accumulation_steps: int) -> TrainState:
+        return TrainState(
+            name=name,
+            gradient_accumulation_steps=_check_accumulation_steps(gradient_accumulation_steps),
+            loss=build_loss("CrossEntropyLoss"),
+            metrics=MetricCollection(build_train_metrics().values()),
+            eval_metrics=MetricCollection(build_train_metrics().values()),
+        )
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [name for name in self._states if name != FULL_MODEL]
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        if adapter_name is not None:
+            if adapter_name not in self._states or adapter_name == FULL_MODEL:
+                known = ", ".join(self.adapter_names) or "none: add one with add_adapter_to_model"
+                raise ValueError(f"unknown adapter {adapter_name!r}; adapters: {known}")
+            return self._states[adapter_name]
+        return next(iter(self._states.values()))
+
+    @remote_function(dispatch="all", collect="first")
+    def add_adapter_to_model(
+        self, adapter_name: str, config_or_path: Any, gradient_accumulation_steps: int = 1
+    ) -> None:
+        """Freeze the model and train a LoRA adapter (a peft LoraConfig, or the folder of a
+        saved peft adapter) on Megatron's linears; one adapter per MegatronModel."""
+        from megatron.core import parallel_state
+        from peft import LoraConfig
+
+        from twinkle.model.megatron.build import wrap_ddp
+        from twinkle.model.megatron.lora import LoraSettings, inject_lora, load_lora
+
+        if not isinstance(adapter_name, str) or not adapter_name or adapter_name == FULL_MODEL:
+            raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
+        if self.adapter_names:
+            raise ValueError(
+                f"this MegatronModel already trains adapter {self.adapter_names[0]!r}; it holds "
+                "one adapter (use MultiLoraTransformersModel for several)"
+            )
+        full = self._states[FULL_MODEL]
+        if full.optimizer is not None:
+            raise ValueError(
+                "set_optimizer was already called for full-parameter training; add the adapter "
+                "before setting the optimizer"
+            )
+        weights = None
+        if isinstance(config_or_path, str | os.PathLike) and Path(config_or_path).is_dir():
+            from safetensors.torch import load_file
+
+            folder = Path(config_or_path)
+            config = LoraConfig.from_pretrained(str(folder))
+            weights = load_file(folder / "adapter_model.safetensors")
+        elif isinstance(config_or_path, LoraConfig):
+            config = config_or_path
+        else:
+            raise ValueError(
+                f"adapter {adapter_name!r}: pass a peft LoraConfig or the folder of a saved "
+                f"LoRA adapter; {config_or_path!r} is neither"
+            )
+        settings = LoraSettings.from_peft(config)
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        modules = [chunk.module for chunk in self.chunks]
+        for module in modules:
+            inject_lora(module, self.spec, settings, tp, tp_rank, self.seed)
+            if weights is not None:
+                load_lora(module, weights, tp, tp_rank)
+        self.chunks = wrap_ddp(modules, self.config, self.use_distributed_optimizer)
+        self.lora_config, self.lora_settings = config, settings
+        state = self._new_state(adapter_name, gradient_accumulation_steps)
+        state.loss, state.template, state.processor = full.loss, full.template, full.processor
+        state.metrics, state.eval_metrics = full.metrics, full.eval_metrics
+        self._states = {adapter_name: state}
+
+    @remote_function(dispatch="all", collect="first")
+    def set_optimizer(
+        self, optimizer_cls: Any = "AdamW", *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        """Megatron's optimizer: 'default'/'AdamW' (decoupled weight decay) or 'SGD'; keyword
+        arguments use torch's names (lr, weight_decay, betas, eps, momentum)."""
+        from twinkle.model.megatron.optimizer import build_megatron_optimizer
+
+        state = self._state(adapter_name)
+        state.optimizer = build_megatron_optimizer(
+            self.chunks, optimizer_cls, self.precision, self.use_distributed_optimizer, **kwargs
+        )
+        state.lr_scheduler = None
+
+    @remote_function(dispatch="all", collect="first")
+    def set_lr_scheduler(
+        self,
+        scheduler_cls: Any = "CosineWarmupScheduler",
+        *,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Any twinkle/torch scheduler, driving the learning rate of Megatron's inner optimizer."""
+        from twinkle.model.megatron.optimizer import SchedulerGroup, torch_optimizers
+
+        state = self._state(adapter_name)
+        if state.optimizer is None:
+            raise ValueError("set_lr_scheduler needs an optimizer: call set_optimizer(...) first")
+        schedulers = [
+            build_lr_scheduler(inner, scheduler_cls, **kwargs)
+            for inner in torch_optimizers(state.optimizer)
+        ]
+        state.lr_scheduler = schedulers[0] if len(schedulers) == 1 else SchedulerGroup(schedulers)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).loss = build_loss(loss, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_template(
+        self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        if isinstance(template, str | type):
+            kwargs.setdefault("model_id", self.model_id)
+        self._state(adapter_name).template = build_template(template, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_processor(
+        self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        state = self._state(adapter_name)
+        state.processor = processor(**kwargs) if isinstance(processor, type) else processor
+
+    @remote_function(dispatch="all", collect="first")
+    def add_metric(
+        self,
+        metric: Any,
+        is_training: bool = True,
+        *,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        state = self._state(adapter_name)
+        collection = state.metrics if is_training else state.eval_metrics
+        collection.add(build_metric(metric, **kwargs))
+
+    # ---- inputs -------------------------------------------------------------------------
+
+    def _collate(self, inputs: Any, state: TrainState) -> dict[str, Any]:
+        """InputFeatures, Trajectories or a collated batch -> right-padded device tensors."""
+        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
+            batch = dict(inputs)
+        else:
+            features = (
+                [inputs] if isinstance(inputs, Mapping) or hasattr(inputs, "keys") else inputs
+            )
+            features = list(features) if isinstance(features, Iterable) else None
+            if not features:
+                raise ValueError(
+                    "the batch is empty: pass a non-empty list of InputFeatures or Trajectories"
+                )
+            if all("input_ids" not in f and "messages" in f for f in features):
+                if state.template is None:
+                    raise ValueError(
+                        "these inputs are Trajectories (messages, no input_ids): call "
+                        "set_template(...) so the model can encode them"
+                    )
+                features = [f for f in state.template.batch_encode(features) if f is not None]
+            if state.processor is None:
+                pad = getattr(self.hf_config, "pad_token_id", None) or 0
+                state.processor = InputProcessor(padding_side="right", pad_token_id=pad)
+            batch = state.processor(features)
+        _check_padded(batch)
+        batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        return self._align_for_experts(batch) if self.layout.ep > 1 else batch
+
+    def _align_for_experts(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Expert-parallel ranks exchange tokens of one shape: right-pad the sequence to the
+        longest of the group (padding carries label -100 and mask 0, so it changes nothing)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        group = parallel_state.get_expert_model_parallel_group()
+        rows, length = batch["input_ids"].shape
+        largest = torch.tensor([rows, length], device=self.device)
+        smallest = largest.clone()
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+        if largest[0] != smallest[0]:
+            raise ValueError(
+                f"expert-parallel ranks hold batches of {int(smallest[0])} to {int(largest[0])} "
+                "rows; they exchange tokens and need equal rows: give each data rank the same "
+                "number of sequences"
+            )
+        extra = int(largest[1]) - length
+        if not extra:
+            return batch
+        pad_id = getattr(self.hf_config, "pad_token_id", None) or 0
+        fill = {"labels": -100, "attention_mask": 0, "input_ids": pad_id}
+        for key, value in fill.items():
+            if key in batch:
+                batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
+        if "position_ids" in batch:
+            batch["position_ids"] = torch.nn.functional.pad(batch["position_ids"], (0, extra))
+        return batch
+
+    def _micro_batches(
+        self, batch: dict, loss_kwargs: dict, micro_batch_size: int | None
+    ) -> list[tuple[dict, dict]]:
+        """Equal micro-batches (pipeline stages exchange activations of one fixed shape).
+
+        With virtual pipeline stages, Megatron's interleaved schedule needs a multiple of
+        pp_size micro-batches; by default the batch is cut into pp_size of them.
+        """
+        rows = batch["input_ids"].shape[0]
+        pp, interleaved = self.layout.pp, self.layout.vpp is not None
+        default = rows // pp if interleaved and rows % pp == 0 else rows
+        size = default if micro_batch_size is None else micro_batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"micro_batch_size must be a positive integer, got {size!r}")
+        size = min(size, rows)
+        if rows % size:
+            raise ValueError(
+                f"the batch has {rows} rows, not a multiple of micro_batch_size={size}: Megatron's "
+                "pipeline schedules pass micro-batches of one shape; pick a divisor of the rows"
+            )
+        if interleaved and (rows // size) % pp:
+            raise ValueError(
+                f"with vpp_size, Megatron's interleaved schedule runs a multiple of pp_size={pp} "
+                f"micro-batches; {rows} rows in micro-batches of {size} make {rows // size}: "
+                f"pass a batch of a multiple of {pp} rows and a micro_batch_size dividing it"
+            )
+
+        def rows_of(values: dict, i: int) -> dict:
+            return {
+                k: v[i : i + size]
+                if (torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows)
+                or (isinstance(v, list | tuple) and len(v) == rows)
+                else v
+                for k, v in values.items()
+            }
+
+        return [(rows_of(batch, i), rows_of(loss_kwargs, i)) for i in range(0, rows, size)]
+
+    # ---- forward and backward -----------------------------------------------------------
+
+    def _run(
+        self, state: TrainState, micro: list[tuple[dict, dict]], forward_only: bool
+    ) -> tuple[float, float, torch.Tensor | None]:
+        """One pass of Megatron's schedule; (summed loss, tokens, logps) from the last stage."""
+        from twinkle.model.megatron.schedule import run_schedule
+
+        return run_schedule(self.chunks, micro, self.spec, state, forward_only)
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    def forward_backward(
+        self,
+        inputs: Any,
+        *,
+        adapter_name: str | None = None,
+        micro_batch_size: int | None = None,
+        **loss_kwargs: Any,
+    ) -> ModelOutput:
+        """Forward, loss and backward through the pipeline schedule; gradients and the token
+        count accumulate until a step. Returns the mean loss over this call's tokens and the
+        per-token logps (aligned with the labels), the same on every rank."""
+        state = self._state(adapter_name)
+        for chunk in self.chunks:
+            chunk.train()
+        if state.window_start is None:
+            state.window_start = time.perf_counter()
+        batch = self._collate(inputs, state)
+        micro = self._micro_batches(batch, loss_kwargs, micro_batch_size)
+        loss_sum, tokens, logps = self._run(state, micro, forward_only=False)
+        if tokens <= 0:
+            raise ValueError(
+                "the batch has no label tokens (every label is -100), so there is nothing to "
+                "train on; check the template's labels or the data"
+            )
+        state.pending_tokens += tokens
+        return ModelOutput(loss=loss_sum / tokens, logps=logps, num_tokens=tokens)
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    @torch.no_grad()
+    def forward_only(
+        self, inputs: Any, *, adapter_name: str | None = None, **loss_kwargs: Any
+    ) -> ModelOutput:
+        """Forward without gradients: per-token logps, and with labels the loss, which feeds
+        the evaluation metrics."""
+        state = self._state(adapter_name)
+        for chunk in self.chunks:
+            chunk.eval()
+        batch = self._collate(inputs, state)
+        micro = self._micro_batches(batch, loss_kwargs, None)
+        loss_sum, tokens, logps = self._run(state, micro, forward_only=True)
+        loss = loss_sum / tokens if tokens > 0 else None
+        return ModelOutput(loss=loss, logps=logps)
+
+    # ---- optimizer steps ----------------------------------------------------------------
+
+    def _require_optimizer(self, state: TrainState, action: str):
+        if state.optimizer is None:
+            raise ValueError(f"{action} needs an optimizer: call set_optimizer('AdamW', lr=...)")
+        return state.optimizer
+
+    def _finalize_gradients(self, state: TrainState) -> None:
+        """Reduce gradients over data-parallel ranks (and tied embeddings over stages), then
+        divide them by the step's token count: the one normalisation of the contract."""
+        from megatron.core.distributed import finalize_model_grads
+
+        if state.pending_tokens <= 0:
+            return
+        tokens = torch.tensor(state.pending_tokens, dtype=torch.float32, device=self.device)
+        finalize_model_grads(self.chunks, num_tokens=tokens)
+        state.pending_tokens = 0.0
+        self._grads_ready = False
+
+    def _prepare(self, state: TrainState):
+        """Finalised gradients copied into the optimizer's main gradients, once per step."""
+        optimizer = self._require_optimizer(state, "the optimizer step")
+        self._finalize_gradients(state)
+        if not self._grads_ready:
+            optimizer.prepare_grads()
+            self._grads_ready = True
+        return optimizer
+
+    def _clip(self, state: TrainState, max_norm: float) -> float:
+        from twinkle.model.megatron.optimizer import clip_gradients
+
+        state.last_grad_norm = clip_gradients(self._prepare(state), max_norm)
+        return state.last_grad_norm
+
+    def _step(self, state: TrainState) -> None:
+        self._prepare(state).step_with_ready_grads()
+        self._grads_ready = False
+        state.step += 1
+
+    def _zero_grad(self, state: TrainState) -> None:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self._require_optimizer(state, "zero_grad").zero_grad()
+        state.pending_tokens = 0.0
+        self._grads_ready = False
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
+        """Normalise and reduce the accumulated gradients, then clip their global norm."""
+        return self._clip(self._state(adapter_name), max_norm)
+
+    @remote_function(dispatch="all", collect="first")
+    def step(self, *, adapter_name: str | None = None) -> None:
+        self._step(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        self._zero_grad(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        state = self._state(adapter_name)
+        if state.lr_scheduler is not None:
+            state.lr_scheduler.step()
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float = 1.0,
+        gradient_accumulation_steps: int | None = None,
+        *,
+        adapter_name: str | None = None,
+    ) -> float | None:
+        """As TransformersModel's: steps once every ``gradient_accumulation_steps`` calls; the
+        lr schedule advances by one per call. Returns the gradient norm when it stepped."""
+        state = self._state(adapter_name)
+        optimizer = self._require_optimizer(state, "clip_grad_and_step")
+        if gradient_accumulation_steps is not None:
+            state.gradient_accumulation_steps = _check_accumulation_steps(
+                gradient_accumulation_steps
+            )
+        state.accumulated_calls += 1
+        if state.accumulated_calls < state.gradient_accumulation_steps:
+            return None
+        calls, state.accumulated_calls = state.accumulated_calls, 0
+        norm = self._clip(state, max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]
+        self._step(state)
+        self._zero_grad(state)
+        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        state.window_start = None
+        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
+        if state.lr_scheduler is not None:
+            for _ in range(calls):
+                state.lr_scheduler.step()
+        return norm
+
+    # ---- reporting ----------------------------------------------------------------------
+
+    @remote_function(dispatch="all", collect="first")
+    def calculate_metric(
+        self, is_training: bool = True, *, adapter_name: str | None = None
+    ) -> dict[str, float]:
+        """The metrics since the last call (fed on the last pipeline stage, sent to all)."""
+        from twinkle.model.megatron.schedule import from_last_stage
+
+        state = self._state(adapter_name)
+        collection = state.metrics if is_training else state.eval_metrics
+        return from_last_stage(collection.calculate_and_reset())
+
+    @remote_function(dispatch="all", collect="first")
+    def get_train_configs(self, *, adapter_name: str | None = None) -> str:
+        state = self._state(adapter_name)
+        params = [p for chunk in self.chunks for p in chunk.parameters()]
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        layout = self.layout
+        lines = [
+            f"model: {self.model_id or self.spec.model_type} on {self.device} ({self.precision}),"
+            " Megatron-core backend",
+            f"parallel: tp {layout.tp}, pp {layout.pp}, vpp {layout.vpp or 1}, cp {layout.cp}, "
+            f"ep {layout.ep}, dp {layout.dp}",
+            f"parameters on this rank: {trainable:,} trainable of "
+            f"{sum(p.numel() for p in params):,}",
+            f"adapters: {', '.join(self.adapter_names) or 'none (full-parameter training)'}",
+            f"optimizer: {type(state.optimizer).__name__ if state.optimizer else 'not set'}"
+            f"{' (distributed)' if self.use_distributed_optimizer else ''}",
+            f"lr scheduler: {type(state.lr_scheduler).__name__ if state.lr_scheduler else 'none'}",
+            f"loss: {type(state.loss).__name__}",
+            f"gradient accumulation steps: {state.gradient_accumulation_steps}",
+        ]
+        return "\n".join(lines)
+
+
+def _check_padded(batch: Mapping[str, Any]) -> None:
+    """Refuse the layouts Megatron's local attention would compute differently from HF."""
+    if "cu_seq_lens_q" in batch:
+        raise ValueError(
+            "MegatronModel takes padded batches: packed (padding-free) rows need Transformer "
+            "Engine's attention; use InputProcessor(padding_free=False)"
+        )
+    mask = batch.get("attention_mask")
+    if torch.is_tensor(mask) and mask.dim() == 2 and mask.shape[1] > 1:
+        starts_padded = (mask[:, 1:] > mask[:, :-1]).any()
+        if bool(starts_padded):
+            raise ValueError(
+                "MegatronModel needs right padding (positions start at 0 on the first token); "
+                "use InputProcessor(padding_side='right')"
+            )

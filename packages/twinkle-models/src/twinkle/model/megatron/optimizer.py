@@ -1,0 +1,110 @@
+"""``set_optimizer`` names mapped onto Megatron's optimizer, which owns fp32 main weights.
+
+Megatron's optimizer reads the gradients its DDP wrapper accumulated in fp32
+buffers, keeps fp32 master weights under bf16/fp16 training, and can shard its
+state across data-parallel ranks (the distributed optimizer). It wraps two torch
+algorithms: AdamW (Megatron's 'adam', decoupled weight decay) and SGD with
+momentum; other optimizer names cannot be wrapped and are refused by name.
+Like ``build_optimizer``, weight decay skips biases and 1-D parameters (norm scales).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# twinkle name -> Megatron's optimizer name
+SUPPORTED = {"default": "adam", "AdamW": "adam", "SGD": "sgd"}
+
+
+def optimizer_name(optimizer_cls: Any) -> str:
+    """The Megatron optimizer for a twinkle name or torch class; an error names what works."""
+    name = optimizer_cls.__name__ if isinstance(optimizer_cls, type) else optimizer_cls
+    if name not in SUPPORTED:
+        raise ValueError(
+            f"MegatronModel cannot use optimizer {name!r}: Megatron's optimizer wraps "
+            f"{', '.join(repr(n) for n in SUPPORTED)} ('default' is AdamW); pick one of them"
+        )
+    return SUPPORTED[name]
+
+
+def build_megatron_optimizer(
+    chunks: list[torch.nn.Module],
+    optimizer_cls: Any,
+    precision: str,
+    use_distributed_optimizer: bool,
+    lr: float = 1e-5,
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    momentum: float = 0.9,
+    **unknown: Any,
+):
+    """Megatron's optimizer over the DDP-wrapped ``chunks``; arguments use torch's names."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    name = optimizer_name(optimizer_cls)
+    if unknown:
+        raise TypeError(
+            f"set_optimizer got arguments MegatronModel does not map: {sorted(unknown)}; it "
+            "takes lr, weight_decay, betas, eps (AdamW) and momentum (SGD)"
+        )
+    config = OptimizerConfig(
+        optimizer=name,
+        lr=lr,
+        weight_decay=weight_decay,
+        adam_beta1=betas[0],
+        adam_beta2=betas[1],
+        adam_eps=eps,
+        sgd_momentum=momentum,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        params_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32),
+        use_distributed_optimizer=use_distributed_optimizer,
+        clip_grad=0.0,  # clip_grad_and_step clips with the norm the caller passes
+    )
+    return get_megatron_optimizer(config, chunks)
+
+
+def torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside a Megatron optimizer (chained for expert/dense groups)."""
+    inner = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [o.optimizer for o in inner]
+
+
+def clip_gradients(optimizer, max_norm: float) -> float:
+    """The global gradient norm over every torch optimizer inside ``optimizer`` (dense and
+    expert parameters), after scaling the gradients down to ``max_norm`` (0: no clipping)."""
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    norm = optimizer.get_grad_norm()
+    if max_norm > 0:
+        for inner in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+            params = inner.get_parameters()
+            if params:
+                decoupled = inner.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+                clip_grad_by_total_norm_fp32(params, max_norm, norm, decoupled)
+    return float(norm)
+
+
+class SchedulerGroup:
+    """One lr scheduler per torch optimizer inside Megatron's (dense and expert parameter
+    groups of a mixture-of-experts model), stepped and saved together."""
+
+    def __init__(self, schedulers: list) -> None:
+        self.schedulers = schedulers
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.schedulers[0].get_last_lr()
+
+    def state_dict(self) -> dict:
+        return {"schedulers": [s.state_dict() for s in self.schedulers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
+            scheduler.load_state_dict(saved)
