@@ -6,7 +6,8 @@ sequence's ``new_input_feature``) carrying ``messages``, whose last assistant
 message is the completion, and ``user_data``, whose first dict holds the
 ground truth the preprocessor stored (e.g. ``[{'answer': '42'}]``).
 ``ground_truths`` is for rewards that take references separately; rewards
-that read ``user_data`` accept an empty list there, as the user's documents do.
+that read ``user_data`` accept it left out or empty, as the user's documents call them
+both ways.
 """
 
 from __future__ import annotations
@@ -20,5 +21,7 @@ class Reward(ABC):
     """Scores completions; subclasses implement ``__call__``."""
 
     @abstractmethod
-    def __call__(self, trajectories: Sequence[Any], ground_truths: Sequence[Any]) -> list[float]:
+    def __call__(
+        self, trajectories: Sequence[Any], ground_truths: Sequence[Any] | None = None
+    ) -> list[float]:
         """One reward per trajectory, in order."""

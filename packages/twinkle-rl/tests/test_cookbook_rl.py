@@ -1,0 +1,34 @@
+"""The proof that it learns: shortened runs of the cookbook's RL recipes.
+
+GRPO: after a 150-step SFT warm start, 15 GRPO steps raise the held-out mean reward (format
+plus accuracy, 0 to 2) clearly: by at least 0.3. Measured (seed 0): 0.350 -> 0.850 for this
+run (7 s on a quiet machine), 0.475 -> 1.363 for the full recipe (600 SFT, 60 GRPO steps).
+DPO: 10 steps move the implicit reward margin of the training pairs above 0.5 (it starts
+at 0: the reference is the initial policy).
+"""
+
+import importlib.util
+from pathlib import Path
+
+COOKBOOK = Path(__file__).resolve().parents[3] / "cookbook" / "rl"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, COOKBOOK / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_grpo_raises_the_held_out_reward():
+    recipe = load("grpo_arithmetic")
+    result = recipe.main(["--sft-steps", "150", "--grpo-steps", "15"])
+    before, after = result["before"], result["after"]
+    assert after["reward"] - before["reward"] >= 0.3, result
+    assert after["format"] > before["format"], result
+
+
+def test_dpo_grows_the_reward_margin():
+    recipe = load("dpo_preferences")
+    result = recipe.main(["--steps", "10"])
+    assert result["train_margin"] > 0.5, result
