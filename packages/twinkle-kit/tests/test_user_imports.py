@@ -14,33 +14,12 @@ import pytest
 
 IMPORTS_FILE = Path(__file__).resolve().parents[3].parent / "shared" / "seeds" / "IMPORTS.txt"
 
-PARALLEL = "parallel strategies: Ulysses SP and expert parallel (torchrun issue)"
-MEGATRON = "MegatronModel backend (Megatron issue)"
-RL = "twinkle-rl: samplers, rewards, advantages, weight sync (RL issue)"
-SERVER = "twinkle-server and twinkle-client (server issue)"
 TINKER = "Tinker compatibility (Tinker issue)"
 
 PENDING = {
     "from twinkle import init_tinker_client": TINKER,
-    "from twinkle.advantage import GRPOAdvantage": RL,
-    "from twinkle.checkpoint_engine import CheckpointEngineManager": RL,
-    "from twinkle.model import MegatronModel": MEGATRON,
-    "from twinkle.model.megatron import MegatronModel": MEGATRON,
-    "from twinkle.model.transformers.moe.expert_parallel import ExpertParallelConfig": PARALLEL,
-    "from twinkle.model.transformers.strategy.sequence_parallel import SequenceParallelConfig": (
-        PARALLEL
-    ),
-    "from twinkle.reward import FormatReward": RL,
-    "from twinkle.reward import GSM8KAccuracyReward, GSM8KFormatReward": RL,
-    "from twinkle.sampler import vLLMSampler": RL,
     "from twinkle.server.common import input_feature_to_datum": TINKER,
     "from twinkle_client import init_tinker_client": TINKER,
-    "from twinkle_client import init_twinkle_client": SERVER,
-    "from twinkle_client.dataloader import DataLoader": SERVER,
-    "from twinkle_client.dataset import Dataset": SERVER,
-    "from twinkle_client.manager import TwinkleClient": SERVER,
-    "from twinkle_client.model import MultiLoraTransformersModel": SERVER,
-    "from twinkle_client.sampler import vLLMSampler": SERVER,
 }
 
 

@@ -1,1 +1,10 @@
-"""The multi-tenant training service and the `twinkle-server` command."""
+"""The multi-tenant training service and the ``twinkle-server`` command.
+
+``twinkle-server launch -c config.yaml`` serves one base model to many API keys, each
+training its own LoRA adapters (see the package README). In code: ``load_config``,
+``build_state`` and ``create_app`` build the same FastAPI application.
+"""
+
+from twinkle.server.config import ServerConfig, load_config
+
+__all__ = ["ServerConfig", "load_config"]

@@ -1,0 +1,84 @@
+"""The HTTP layer: the API key on every request, retries that are safe to repeat.
+
+Every non-GET request carries an ``X-Idempotency-Key``, the same on each retry, so the
+server runs the work once however many times the request is sent. Connection failures,
+408, 429, 502, 503 and 504 are retried with exponential backoff; other errors raise the
+typed error at once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from twinkle_client.errors import ConnectionFailed, from_response
+
+RETRY_STATUSES = {408, 429, 502, 503, 504}
+
+
+class Transport:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 660.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self._http = http_client or httpx.Client(timeout=timeout)
+        self._headers = {"X-API-Key": api_key}
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        retries: int | None = None,
+    ) -> Any:
+        headers = dict(self._headers)
+        if method != "GET":
+            headers["X-Idempotency-Key"] = uuid.uuid4().hex
+        url = f"{self.base_url}/api/v1{path}"
+        attempts = 1 + (self.max_retries if retries is None else retries)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = self._http.request(
+                    method, url, json=body, params=params, headers=headers
+                )
+            except httpx.TransportError as exc:
+                if last:
+                    raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
+                time.sleep(self.backoff * 2**attempt)
+                continue
+            if response.status_code in RETRY_STATUSES and not last:
+                time.sleep(_retry_after(response) or self.backoff * 2**attempt)
+                continue
+            try:
+                payload = response.json()
+            except ValueError:
+                payload = {"error": response.text[:200]}
+            if response.status_code >= 400:
+                raise from_response(response.status_code, payload)
+            return payload
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return min(float(value), 30.0) if value is not None else None
+    except ValueError:
+        return None

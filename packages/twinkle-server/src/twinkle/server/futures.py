@@ -1,0 +1,131 @@
+"""Futures: every unit of work a request starts, owned by a key, deduplicated by idempotency key.
+
+A request submits work and gets a future id; the Twinkle routes wait for it within the
+request timeout and answer with its result, and (later) Tinker's ``retrieve_future`` polls
+it. The status lives in the store; results stay in memory, bounded, since a restarted
+server cannot finish the work anyway (pending futures are failed at start-up).
+
+A retried request carrying the same ``X-Idempotency-Key`` gets the first request's future
+back, so a forward_backward whose answer was lost on the network is not run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from twinkle.server.errors import ApiError, NotFound, ServerFailure, Timeout
+from twinkle.server.scheduler import FairWorker
+from twinkle.server.store import FutureRecord, Store
+from twinkle.utils import get_logger
+
+logger = get_logger()
+RESTART_ERROR = {
+    "error": "the server restarted before this request finished; submit it again",
+    "category": "server",
+    "code": "lost",
+}
+
+
+class FutureManager:
+    def __init__(self, store: Store, keep: int = 4096) -> None:
+        self.store = store
+        self.keep = keep
+        self._live: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        lost = store.fail_pending_futures(RESTART_ERROR, time.time())
+        if lost:
+            logger.warning(f"{lost} request(s) were pending when the server stopped: failed them")
+
+    def submit(
+        self,
+        owner: str,
+        operation: str,
+        worker: FairWorker,
+        lane: str,
+        fn: Callable[[], Any],
+        idempotency_key: str | None,
+        timeout: float | None,
+    ) -> str:
+        """Queue ``fn`` on ``worker``'s ``lane``; returns the future id (an old one on a retry)."""
+        with self._lock:
+            if idempotency_key:
+                existing = self.store.future_by_idempotency_key(owner, idempotency_key)
+                if existing is not None:
+                    return existing.id
+            future_id = "fut-" + secrets.token_hex(12)
+            record = FutureRecord(
+                id=future_id,
+                owner=owner,
+                operation=operation,
+                status="pending",
+                created_at=time.time(),
+                idempotency_key=idempotency_key or None,
+            )
+            self.store.add_future(record)
+            future = worker.submit(lane, fn, timeout)
+            self._live[future_id] = future
+            while len(self._live) > self.keep:
+                self._live.popitem(last=False)
+        future.add_done_callback(lambda f: self._record(future_id, f))
+        return future_id
+
+    def _record(self, future_id: str, future: Future) -> None:
+        if future.cancelled():
+            error = Timeout("the request timed out before it ran and was cancelled").body()
+            self.store.finish_future(future_id, "failed", None, error, time.time())
+            return
+        exc = future.exception()
+        if exc is None:
+            self.store.finish_future(future_id, "done", None, None, time.time())
+        else:
+            self.store.finish_future(future_id, "failed", None, _error_body(exc), time.time())
+
+    async def wait(self, owner: str, future_id: str, timeout: float | None) -> Any:
+        """The future's result, raising its error; ``Timeout`` (and a cancel of queued work)
+        when it does not finish in time."""
+        record = self.store.get_future(owner, future_id)
+        if record is None:
+            raise NotFound(f"no request {future_id!r}")
+        future = self._live.get(future_id)
+        if future is None:
+            if record.status == "failed" and record.error:
+                raise _from_body(record.error)
+            raise NotFound(f"the result of request {future_id!r} is no longer held")
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except TimeoutError:
+            cancelled = future.cancel()
+            note = "it was cancelled before it ran" if cancelled else "it is still running"
+            raise Timeout(
+                f"request {future_id} did not finish within {timeout:g}s; {note} (a retry with "
+                "the same X-Idempotency-Key receives its result)"
+            ) from None
+        except asyncio.CancelledError:
+            raise Timeout(f"request {future_id} was cancelled before it ran") from None
+
+    def status(self, owner: str, future_id: str) -> FutureRecord:
+        record = self.store.get_future(owner, future_id)
+        if record is None:
+            raise NotFound(f"no request {future_id!r}")
+        return record
+
+
+def _error_body(exc: BaseException) -> dict[str, str]:
+    if isinstance(exc, ApiError):
+        return exc.body()
+    if isinstance(exc, ValueError | TypeError | KeyError):
+        return {"error": str(exc), "category": "user", "code": "invalid_request"}
+    return ServerFailure("the request failed on the server").body()
+
+
+def _from_body(body: dict[str, str]) -> ApiError:
+    error = ServerFailure(body.get("error", "failed"))
+    error.category, error.code = body.get("category", "server"), body.get("code", "internal")
+    return error

@@ -1,0 +1,368 @@
+"""The model service: a MultiLoraTransformersModel whose LoRA slots are tenants' training runs.
+
+A training run is one adapter in the pool, owned by one API key. Its requests run on the
+model's FairWorker in the run's lane (in order), interleaved round robin with other runs.
+Components come from the server's allow-lists by name; checkpoints go to a folder the
+server picks (``<home>/checkpoints/<key>/<run>/weights/<name>``), written atomically by
+the model's ``save``, and are recorded in the store only once complete.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from peft import LoraConfig
+
+from twinkle.model.checkpoint import TRAINER_STATE
+from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
+from twinkle.processor import InputProcessor
+from twinkle.server.auth import Principal
+from twinkle.server.config import ServerConfig
+from twinkle.server.errors import BadRequest, CapacityFull, Conflict, NotFound, RateLimited
+from twinkle.server.names import CheckpointUri, check_name, parse_uri
+from twinkle.server.scheduler import FairWorker
+from twinkle.server.store import CheckpointRecord, Store, TrainingRun
+from twinkle.server.wire import (
+    check_allowed,
+    decode_inputs,
+    decode_value,
+    encode,
+    plain_kwargs,
+    template_kwargs,
+)
+from twinkle.utils import get_logger
+
+logger = get_logger()
+LORA_KEYS = {"r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora"}
+
+
+TOUCH_EVERY_S = 5.0
+
+
+@dataclass
+class LiveRun:
+    run: TrainingRun
+    adapter: str
+    touched: float = 0.0
+
+
+class ModelService:
+    """Owns the shared base model, its worker and the runs that hold LoRA slots."""
+
+    def __init__(self, config: ServerConfig, store: Store, home: Path) -> None:
+        self.config = config
+        self.store = store
+        self.checkpoints = home / "checkpoints"
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        mc = config.model
+        placement = {"remote_group": mc.remote_group} if config.mode == "ray" else {}
+        self.model = MultiLoraTransformersModel(
+            mc.model_id,
+            max_loras=mc.max_loras,
+            max_rank=mc.max_rank,
+            device=mc.device,
+            mixed_precision=mc.mixed_precision,
+            seed=mc.seed,
+            **placement,
+        )
+        self.worker = FairWorker("model")
+        self.live: dict[str, LiveRun] = {}
+        store.deactivate_runs()  # no adapter survives a restart; checkpoints do
+        self._reconcile_checkpoints()
+        self.methods: dict[str, Callable[..., Any]] = {
+            "set_loss": self._set_loss,
+            "set_optimizer": self._set_optimizer,
+            "set_lr_scheduler": self._set_lr_scheduler,
+            "set_template": self._set_template,
+            "set_processor": self._set_processor,
+            "forward_backward": self._forward_backward,
+            "forward_only": self._forward_only,
+            "clip_grad_norm": self._simple("clip_grad_norm", ("max_norm",)),
+            "step": self._simple("step", ()),
+            "zero_grad": self._simple("zero_grad", ()),
+            "lr_step": self._simple("lr_step", ()),
+            "clip_grad_and_step": self._simple(
+                "clip_grad_and_step", ("max_grad_norm", "gradient_accumulation_steps")
+            ),
+            "calculate_metric": self._simple("calculate_metric", ("is_training",)),
+            "get_train_configs": self._train_configs,
+            "save": self._save,
+            "load": self._load,
+            "resume_from_checkpoint": self._resume,
+        }
+
+    @property
+    def base_model(self) -> str:
+        return self.config.model.model_id
+
+    def capacity(self) -> dict[str, int]:
+        max_loras = self.config.model.max_loras
+        used = len(self.live)
+        return {"max_loras": max_loras, "used_loras": used, "free_loras": max_loras - used}
+
+    # ---- runs ---------------------------------------------------------------------------
+
+    def lora_config(self, raw: Any) -> LoraConfig:
+        """A LoraConfig from the client's JSON, checked against the pool and the allow-list."""
+        values = plain_kwargs(raw, "lora_config")
+        unknown = set(values) - LORA_KEYS
+        if unknown:
+            raise BadRequest(
+                f"lora_config keys {sorted(unknown)} are not accepted; use {sorted(LORA_KEYS)}"
+            )
+        rank = values.setdefault("r", 8)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise BadRequest(f"lora_config r must be a positive int, got {rank!r}")
+        if rank > self.config.model.max_rank:
+            raise BadRequest(
+                f"LoRA rank {rank} exceeds this server's max_rank {self.config.model.max_rank}"
+            )
+        targets = values.setdefault("target_modules", "all-linear")
+        for target in [targets] if isinstance(targets, str) else targets:
+            check_allowed(target, self.config.allow.lora_target_modules, "LoRA target module")
+        try:
+            return LoraConfig(**values)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"invalid lora_config: {exc}") from None
+
+    def create_run(
+        self,
+        principal: Principal,
+        session_id: str,
+        run_id: str,
+        display_name: str,
+        lora: LoraConfig,
+        gradient_accumulation_steps: int,
+        user_metadata: dict[str, Any],
+    ) -> TrainingRun:
+        """Runs on the worker: take a slot, then record the run."""
+        if len(self.live) >= self.config.model.max_loras:
+            raise CapacityFull(
+                f"all {self.config.model.max_loras} LoRA slots are in use; try again later"
+            )
+        per_key = self.config.limits.max_loras_per_key
+        held = sum(1 for live in self.live.values() if live.run.owner == principal.key_id)
+        if per_key is not None and held >= per_key:
+            raise RateLimited(
+                f"this key holds {held} LoRA slots, its limit; remove an adapter or end a session"
+            )
+        adapter = "t" + secrets.token_hex(8)
+        try:
+            self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
+        except LoraPoolFullError as exc:
+            raise CapacityFull(str(exc)) from None
+        now = time.time()
+        run = TrainingRun(
+            id=run_id,
+            owner=principal.key_id,
+            session_id=session_id,
+            base_model=self.base_model,
+            lora_rank=int(lora.r),
+            lora_config=lora_summary(lora),
+            adapter_name=display_name,
+            created_at=now,
+            last_request_time=now,
+            user_metadata=user_metadata,
+        )
+        try:
+            self.store.add_run(run)
+        except Exception:
+            self.model.remove_adapter(adapter)
+            raise
+        self.live[run_id] = LiveRun(run, adapter)
+        return run
+
+    def release(self, run_id: str) -> None:
+        """Runs on the worker: free the run's slot (saving nothing)."""
+        live = self.live.pop(run_id, None)
+        if live is not None:
+            self.model.remove_adapter(live.adapter)
+            self.store.deactivate_runs([run_id])
+
+    def live_run(self, principal: Principal, run_id: str) -> LiveRun:
+        """The caller's run holding a slot: 404 for another key's or an unknown run."""
+        run = self.store.get_run(principal.key_id, run_id)
+        if run is None:
+            raise NotFound(f"no training run {run_id!r}")
+        live = self.live.get(run_id)
+        if live is None:
+            raise Conflict(
+                f"training run {run_id!r} holds no LoRA slot any more (its session ended or the "
+                "server restarted): add a new adapter and load one of its checkpoints"
+            )
+        return live
+
+    def call(self, principal: Principal, live: LiveRun, method: str, args: dict[str, Any]) -> Any:
+        """Runs on the worker: one allow-listed method of the model for this run."""
+        handler = self.methods.get(method)
+        if handler is None:
+            raise NotFound(f"unknown model method {method!r}")
+        if live.run.id not in self.live:
+            raise Conflict(f"training run {live.run.id!r} was released")
+        now = time.time()
+        if now - live.touched > TOUCH_EVERY_S:  # a write per request would cost more than it says
+            self.store.touch_run(live.run.id, now)
+            live.touched = now
+        return handler(principal, live, **args)
+
+    # ---- components by name ----------------------------------------------------------------
+
+    def _set_loss(self, principal, live, loss: Any = None, **kwargs) -> None:
+        name = check_allowed(loss, self.config.allow.losses, "loss")
+        self.model.set_loss(name, adapter_name=live.adapter, **plain_kwargs(kwargs, name))
+
+    def _set_optimizer(self, principal, live, optimizer_cls: Any = "AdamW", **kwargs) -> None:
+        name = check_allowed(optimizer_cls, self.config.allow.optimizers, "optimizer")
+        self.model.set_optimizer(name, adapter_name=live.adapter, **plain_kwargs(kwargs, name))
+
+    def _set_lr_scheduler(
+        self, principal, live, scheduler_cls: Any = "CosineWarmupScheduler", **kwargs
+    ) -> None:
+        name = check_allowed(scheduler_cls, self.config.allow.lr_schedulers, "lr scheduler")
+        self.model.set_lr_scheduler(name, adapter_name=live.adapter, **plain_kwargs(kwargs, name))
+
+    def _set_template(self, principal, live, template: Any = None, **kwargs) -> None:
+        name = check_allowed(template, self.config.allow.templates, "template")
+        kwargs = template_kwargs(kwargs, name, self.base_model)
+        self.model.set_template(name, adapter_name=live.adapter, **kwargs)
+
+    def _set_processor(self, principal, live, processor: Any = None, **kwargs) -> None:
+        check_allowed(processor, self.config.allow.processors, "processor")
+        kwargs = plain_kwargs(kwargs, "InputProcessor")
+        multiple = kwargs.get("pad_to_multiple_of")
+        if isinstance(multiple, int) and multiple > self.config.limits.max_sequence_tokens:
+            raise BadRequest("pad_to_multiple_of exceeds this server's max_sequence_tokens")
+        kwargs.setdefault("pad_token_id", self.model.pad_token_id())
+        self.model.set_processor(InputProcessor(**kwargs), adapter_name=live.adapter)
+
+    # ---- training -----------------------------------------------------------------------
+
+    def _batch(self, inputs: Any) -> list:
+        limits = self.config.limits
+        return decode_inputs(inputs, limits.max_batch_rows, limits.max_sequence_tokens)
+
+    def _forward_backward(self, principal, live, inputs: Any = None, **kwargs) -> Any:
+        batch = self._batch(inputs)
+        kwargs = {key: decode_value(value) for key, value in kwargs.items()}
+        output = self.model.forward_backward(batch, adapter_name=live.adapter, **kwargs)
+        return output.to_dict()
+
+    def _forward_only(self, principal, live, inputs: Any = None, **kwargs) -> Any:
+        batch = self._batch(inputs)
+        kwargs = {key: decode_value(value) for key, value in kwargs.items()}
+        output = self.model.forward_only(batch, adapter_name=live.adapter, **kwargs)
+        return output.to_dict()
+
+    def _simple(self, method: str, names: tuple[str, ...]) -> Callable[..., Any]:
+        def handler(principal, live, **kwargs) -> Any:
+            unknown = set(kwargs) - set(names)
+            if unknown:
+                raise BadRequest(f"{method} takes no argument(s) {sorted(unknown)}")
+            kwargs = plain_kwargs(kwargs, method)
+            return encode(getattr(self.model, method)(adapter_name=live.adapter, **kwargs))
+
+        return handler
+
+    def _train_configs(self, principal, live) -> str:
+        """The model's summary, naming this run's adapter alone (not the other tenants')."""
+        lines = self.model.get_train_configs(adapter_name=live.adapter).splitlines()
+        own = f"adapters: {live.run.adapter_name} (training run {live.run.id})"
+        return "\n".join(own if line.startswith("adapters:") else line for line in lines)
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def checkpoint_folder(self, owner: str, uri: CheckpointUri) -> Path:
+        return self.checkpoints / owner / uri.run_id.replace(":", "_") / uri.kind / uri.name
+
+    def _save(
+        self,
+        principal,
+        live,
+        name: Any = None,
+        save_optimizer: bool = True,
+        consumed_train_samples: int | None = None,
+        overwrite: bool = True,
+    ) -> str:
+        uri = CheckpointUri(live.run.id, "weights", check_name(name))
+        folder = self.checkpoint_folder(principal.key_id, uri)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        self.model.save(
+            uri.name,
+            folder.parent,
+            adapter_name=live.adapter,
+            save_optimizer=bool(save_optimizer),
+            consumed_train_samples=consumed_train_samples,
+            overwrite=bool(overwrite),
+        )
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        self.store.add_checkpoint(
+            CheckpointRecord(
+                run_id=uri.run_id,
+                kind=uri.kind,
+                name=uri.name,
+                owner=principal.key_id,
+                path=str(folder),
+                size_bytes=size,
+                created_at=time.time(),
+                has_optimizer=bool(save_optimizer),
+            )
+        )
+        return str(uri)
+
+    def owned_checkpoint(self, principal: Principal, path: Any) -> CheckpointRecord:
+        uri = parse_uri(path)
+        record = self.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
+        if record is None or not (Path(record.path) / TRAINER_STATE).is_file():
+            raise NotFound(f"no checkpoint {uri}")
+        return record
+
+    def _load(self, principal, live, path: Any = None, load_optimizer: bool = False) -> None:
+        record = self.owned_checkpoint(principal, path)
+        self.model.load(record.path, adapter_name=live.adapter, load_optimizer=bool(load_optimizer))
+
+    def _resume(self, principal, live, path: Any = None, resume_only_model: bool = False) -> Any:
+        record = self.owned_checkpoint(principal, path)
+        return self.model.resume_from_checkpoint(
+            record.path, bool(resume_only_model), adapter_name=live.adapter
+        )
+
+    def delete_checkpoint(self, principal: Principal, run_id: str, checkpoint_id: str) -> None:
+        uri = parse_uri(f"twinkle://{run_id}/{checkpoint_id}")
+        record = self.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
+        if record is None:
+            raise NotFound(f"no checkpoint {uri}")
+        self.store.delete_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
+        shutil.rmtree(record.path, ignore_errors=True)
+
+    def _reconcile_checkpoints(self) -> None:
+        """After a crash: drop records whose folder is incomplete, and leftover temp folders."""
+        for record in self.store.all_checkpoints():
+            folder = Path(record.path)
+            if not folder.exists():
+                # A replace cut short between its renames leaves the old copy aside.
+                for aside in folder.parent.glob(f".{folder.name}.old-*"):
+                    if (aside / TRAINER_STATE).is_file():
+                        aside.rename(folder)
+                        break
+            if not (folder / TRAINER_STATE).is_file():
+                logger.warning(f"checkpoint {record.path} is incomplete: unlisting it")
+                self.store.delete_checkpoint(record.owner, record.run_id, record.kind, record.name)
+        for leftover in self.checkpoints.glob("*/*/*/.*.[to][ml][pd]-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+def lora_summary(lora: LoraConfig) -> dict[str, Any]:
+    """The client-settable part of a LoraConfig, as JSON (no server paths)."""
+    summary = {key: getattr(lora, key) for key in sorted(LORA_KEYS)}
+    targets = summary["target_modules"]
+    summary["target_modules"] = sorted(targets) if isinstance(targets, set) else targets
+    return summary

@@ -1,0 +1,126 @@
+"""The sampler service: completions from the base model or from a tenant's saved adapter.
+
+It drives any ``twinkle.sampler.Sampler`` (TorchSampler on CPU, vLLMSampler on a GPU)
+through the protocol's ``sample`` and ``load_lora``. ``adapter_uri`` names a checkpoint
+the caller owns (``twinkle://<run>/weights/<name>``); its adapter is loaded into the
+sampler once and kept in a small LRU cache. Sampling runs on its own worker, one lane per
+key, so samplers and trainers do not wait on each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from twinkle.data_format import SamplingParams
+from twinkle.server.auth import Principal
+from twinkle.server.config import ServerConfig
+from twinkle.server.errors import BadRequest, PayloadTooLarge
+from twinkle.server.scheduler import FairWorker
+from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
+from twinkle.utils import get_logger
+
+logger = get_logger()
+
+
+def build_sampler(config: ServerConfig) -> Any:
+    """The configured sampler, or None (logged) when its package is not installed yet."""
+    try:
+        if config.sampler.kind == "vllm":
+            from twinkle.sampler import vLLMSampler as cls
+        else:
+            from twinkle.sampler import TorchSampler as cls
+    except ImportError as exc:
+        logger.warning(f"sampler {config.sampler.kind!r} is not available ({exc}): sampling is off")
+        return None
+    kwargs: dict[str, Any] = dict(config.sampler.engine_args)
+    if config.model.device is not None and config.sampler.kind == "torch":
+        kwargs.setdefault("device", config.model.device)
+    kwargs.setdefault("seed", config.model.seed)
+    if config.mode == "ray":
+        kwargs["remote_group"] = config.sampler.remote_group
+    return cls(config.model.model_id, **kwargs)
+
+
+class SamplerService:
+    def __init__(self, config: ServerConfig, model_service: Any, sampler: Any = None) -> None:
+        self.config = config
+        self.model_service = model_service
+        self.sampler = sampler if sampler is not None else build_sampler(config)
+        self.available = self.sampler is not None
+        self.worker = FairWorker("sampler")
+        self._adapters: OrderedDict[str, str] = OrderedDict()  # checkpoint folder -> name
+        self._templates: dict[str, tuple[str, dict[str, Any]]] = {}  # key id -> template
+        self._current_template: tuple[str, dict[str, Any]] | None = None
+
+    def set_template(self, principal: Principal, body: dict[str, Any]) -> None:
+        """Record the caller's template; it is applied before each of the caller's samples
+        (the sampler holds one template, and the worker runs one request at a time)."""
+        name = check_allowed(body.get("template"), self.config.allow.templates, "template")
+        kwargs = template_kwargs(body.get("kwargs"), name, self.config.model.model_id)
+        self._templates[principal.key_id] = (name, kwargs)
+
+    def prepare(self, principal: Principal, body: dict[str, Any]):
+        """Check the request now (4xx before queueing); return the work to run on the worker."""
+        limits = self.config.limits
+        batch = decode_inputs(body.get("inputs"), limits.max_batch_rows, limits.max_sequence_tokens)
+        raw = body.get("sampling_params") or {}
+        if not isinstance(raw, dict):
+            raise BadRequest("sampling_params must be an object")
+        num_samples = body.get("num_samples")
+        if num_samples is not None and (
+            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
+        ):
+            raise BadRequest("num_samples must be a positive int")
+        try:
+            params = SamplingParams.model_validate({"max_tokens": 64, **raw})
+        except ValueError as exc:
+            raise BadRequest(f"invalid sampling_params: {exc}") from None
+        if params.max_tokens > self.config.sampler.max_tokens:
+            raise PayloadTooLarge(
+                f"max_tokens {params.max_tokens} exceeds this server's limit, "
+                f"{self.config.sampler.max_tokens}"
+            )
+        folder = None
+        if body.get("adapter_uri") is not None:
+            folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path
+
+        template = self._templates.get(principal.key_id, ("Template", {}))
+
+        def work() -> Any:
+            if template != self._current_template:
+                name, kwargs = template
+                self.sampler.set_template(name, **kwargs)
+                self._current_template = template
+            adapter = self._adapter(folder) if folder is not None else None
+            responses = self.sampler.sample(
+                batch, params, adapter_name=adapter, num_samples=num_samples
+            )
+            per_prompt = [r.to_dict() for r in responses]
+            flat = [seq for r in per_prompt for seq in r["sequences"]]
+            return {"sequences": flat, "responses": per_prompt}
+
+        return work
+
+    def _adapter(self, folder: str) -> str:
+        """The sampler's name for a checkpoint's adapter, loading it on first use."""
+        if folder in self._adapters:
+            self._adapters.move_to_end(folder)
+            return self._adapters[folder]
+        from safetensors.torch import load_file
+
+        path = Path(folder)
+        config = json.loads((path / "adapter_config.json").read_text())
+        weights = load_file(str(path / "adapter_model.safetensors"))
+        name = "ckpt" + hashlib.sha256(folder.encode()).hexdigest()[:12]
+        self.sampler.load_lora(name, config, weights)
+        self._adapters[folder] = name
+        while len(self._adapters) > self.config.sampler.max_cached_adapters:
+            self._adapters.popitem(last=False)
+        return name
+
+    def stop(self) -> None:
+        self.worker.stop()

@@ -1,0 +1,170 @@
+"""The store interface: API keys, sessions, training runs, checkpoints and futures.
+
+Every record names its ``owner`` (an API key id), and every read that a request makes
+filters by owner, so a tenant cannot see another's records even by guessing ids. A
+backend (SQLite now; Postgres or Redis later) implements these methods and nothing else;
+the services never write SQL.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ApiKey:
+    id: str
+    name: str
+    key_hash: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+@dataclass
+class SessionRecord:
+    id: str
+    owner: str
+    created_at: float
+    last_heartbeat: float
+    closed_at: float | None = None
+    model_seq: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainingRun:
+    id: str
+    owner: str
+    session_id: str
+    base_model: str
+    lora_rank: int
+    lora_config: dict[str, Any]
+    adapter_name: str
+    created_at: float
+    last_request_time: float
+    active: bool = True
+    user_metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointRecord:
+    run_id: str
+    kind: str
+    name: str
+    owner: str
+    path: str
+    size_bytes: int
+    created_at: float
+    has_optimizer: bool = False
+
+
+@dataclass
+class FutureRecord:
+    id: str
+    owner: str
+    operation: str
+    status: str  # pending | done | failed
+    created_at: float
+    idempotency_key: str | None = None
+    result: Any = None
+    error: dict[str, str] | None = None
+    finished_at: float | None = None
+
+
+class Store(ABC):
+    """Durable records. Methods taking ``owner`` return only that owner's records."""
+
+    # ---- keys
+    @abstractmethod
+    def add_key(self, key: ApiKey) -> None: ...
+
+    @abstractmethod
+    def key_by_hash(self, key_hash: str) -> ApiKey | None: ...
+
+    @abstractmethod
+    def list_keys(self) -> list[ApiKey]: ...
+
+    @abstractmethod
+    def revoke_key(self, key_id_or_name: str, when: float) -> bool: ...
+
+    # ---- sessions
+    @abstractmethod
+    def add_session(self, session: SessionRecord) -> None: ...
+
+    @abstractmethod
+    def get_session(self, owner: str, session_id: str) -> SessionRecord | None: ...
+
+    @abstractmethod
+    def touch_session(self, owner: str, session_id: str, when: float) -> bool: ...
+
+    @abstractmethod
+    def close_session(self, session_id: str, when: float) -> None: ...
+
+    @abstractmethod
+    def next_model_seq(self, session_id: str) -> int: ...
+
+    @abstractmethod
+    def expired_sessions(self, before: float) -> list[SessionRecord]: ...
+
+    # ---- training runs
+    @abstractmethod
+    def add_run(self, run: TrainingRun) -> None: ...
+
+    @abstractmethod
+    def get_run(self, owner: str, run_id: str) -> TrainingRun | None: ...
+
+    @abstractmethod
+    def list_runs(self, owner: str, limit: int, offset: int) -> tuple[list[TrainingRun], int]: ...
+
+    @abstractmethod
+    def touch_run(self, run_id: str, when: float) -> None: ...
+
+    @abstractmethod
+    def deactivate_runs(self, run_ids: list[str] | None = None) -> None:
+        """Mark runs as holding no LoRA slot (all of them when ``run_ids`` is None)."""
+
+    # ---- checkpoints
+    @abstractmethod
+    def add_checkpoint(self, record: CheckpointRecord) -> None: ...
+
+    @abstractmethod
+    def get_checkpoint(
+        self, owner: str, run_id: str, kind: str, name: str
+    ) -> CheckpointRecord | None: ...
+
+    @abstractmethod
+    def list_checkpoints(self, owner: str, run_id: str | None = None) -> list[CheckpointRecord]: ...
+
+    @abstractmethod
+    def delete_checkpoint(self, owner: str, run_id: str, kind: str, name: str) -> bool: ...
+
+    @abstractmethod
+    def all_checkpoints(self) -> list[CheckpointRecord]: ...
+
+    # ---- futures
+    @abstractmethod
+    def add_future(self, future: FutureRecord) -> None: ...
+
+    @abstractmethod
+    def get_future(self, owner: str, future_id: str) -> FutureRecord | None: ...
+
+    @abstractmethod
+    def future_by_idempotency_key(self, owner: str, key: str) -> FutureRecord | None: ...
+
+    @abstractmethod
+    def finish_future(
+        self, future_id: str, status: str, result: Any, error: dict | None, when: float
+    ) -> None: ...
+
+    @abstractmethod
+    def fail_pending_futures(self, error: dict[str, str], when: float) -> int:
+        """On start-up: futures left pending by a previous process can never finish."""
+
+    @abstractmethod
+    def prune_futures(self, before: float) -> int:
+        """Forget finished futures older than ``before`` (their results are gone anyway)."""
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,114 @@
+"""Turning request JSON into the values components take, with the server's limits.
+
+Only JSON arrives (``twinkle.data_format`` encodes arrays as typed lists); nothing here
+resolves a class or a path. Keyword arguments meant for constructors (optimizer, loss,
+template) must be plain JSON scalars or lists of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twinkle.data_format import InputFeature, Trajectory, from_jsonable, to_jsonable
+from twinkle.server.errors import BadRequest, PayloadTooLarge
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def plain_kwargs(kwargs: Any, what: str) -> dict[str, Any]:
+    """Keyword arguments of scalars (or flat lists of scalars) only."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest(f"{what}: keyword arguments must be a JSON object")
+    for key, value in kwargs.items():
+        flat = isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value)
+        if not (isinstance(value, _SCALARS) or flat):
+            raise BadRequest(
+                f"{what}: argument {key!r} must be a number, string, bool or a list of them"
+            )
+    return dict(kwargs)
+
+
+TEMPLATE_KEYS = {
+    "max_length",
+    "truncation_strategy",
+    "default_system",
+    "enable_thinking",
+    "train_turns",
+    "history_mismatch",
+}
+"""Template arguments a client may set: not ``chat_template`` (server-side Jinja from a
+client) and no tokenizer arguments (``trust_remote_code``, ``cache_dir``, ...)."""
+
+
+def template_kwargs(kwargs: Any, name: str, model_id: str) -> dict[str, Any]:
+    """A template's keyword arguments from a client, with the served model's tokenizer."""
+    kwargs = plain_kwargs(kwargs, name)
+    kwargs.pop("model_id", None)
+    unknown = set(kwargs) - TEMPLATE_KEYS
+    if unknown:
+        raise BadRequest(
+            f"template arguments {sorted(unknown)} cannot be set remotely; use "
+            f"{sorted(TEMPLATE_KEYS)}"
+        )
+    return {**kwargs, "model_id": model_id}
+
+
+def bounded_workers(kwargs: dict[str, Any], limit: int = 2) -> dict[str, Any]:
+    """``num_proc`` of a dataset operation, capped: a client cannot fork the server away."""
+    num_proc = kwargs.get("num_proc")
+    if num_proc is not None and (
+        isinstance(num_proc, bool) or not isinstance(num_proc, int) or not 1 <= num_proc <= limit
+    ):
+        raise BadRequest(f"num_proc must be between 1 and {limit} on this server")
+    return kwargs
+
+
+def check_allowed(name: Any, allowed: list[str], what: str) -> str:
+    if not isinstance(name, str):
+        raise BadRequest(f"{what} must be given by name (a string), got {type(name).__name__}")
+    if name not in allowed:
+        raise BadRequest(f"unknown {what} {name!r}; this server allows: {', '.join(allowed)}")
+    return name
+
+
+def decode_inputs(inputs: Any, max_rows: int, max_tokens: int) -> list[InputFeature | Trajectory]:
+    """A batch of InputFeatures or Trajectories from their JSON dicts."""
+    if isinstance(inputs, dict):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("inputs must be a non-empty list of InputFeature or Trajectory objects")
+    if len(inputs) > max_rows:
+        raise PayloadTooLarge(f"the batch has {len(inputs)} rows; this server takes {max_rows}")
+    batch: list[InputFeature | Trajectory] = []
+    for index, row in enumerate(inputs):
+        if not isinstance(row, dict):
+            raise BadRequest(f"inputs[{index}] must be an object, got {type(row).__name__}")
+        try:
+            data = from_jsonable(row)
+            item = InputFeature.model_validate(data) if "input_ids" in data else None
+            if item is None:
+                item = Trajectory.model_validate(data)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(
+                f"inputs[{index}] is not a valid InputFeature or Trajectory: {exc}"
+            ) from None
+        if isinstance(item, InputFeature) and int(item.length or 0) > max_tokens:
+            raise PayloadTooLarge(
+                f"inputs[{index}] has {item.length} tokens; this server takes {max_tokens}"
+            )
+        batch.append(item)
+    return batch
+
+
+def decode_value(value: Any) -> Any:
+    """Loss arguments (advantages, old_logps, ...): encoded arrays become numpy arrays."""
+    try:
+        return from_jsonable(value)
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"invalid array argument: {exc}") from None
+
+
+def encode(value: Any) -> Any:
+    return to_jsonable(value)

@@ -1,0 +1,60 @@
+"""The twinkle-server command and its config: checked before anything starts."""
+
+import pytest
+import yaml
+
+from twinkle.server.cli import main
+from twinkle.server.config import BUNDLED_CONFIG, load_config
+
+
+def test_the_bundled_config_serves_the_tiny_model_on_cpu():
+    config = load_config()
+    assert config.model.model_id == "bundled://tiny-qwen3" and config.model.device == "cpu"
+    assert load_config(BUNDLED_CONFIG, host="0.0.0.0", port=9001).port == 9001
+
+
+def test_unknown_config_keys_and_bad_values_are_refused(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("model: {max_lora: 4}\n")
+    with pytest.raises(ValueError, match="max_lora"):
+        load_config(bad)
+    bad.write_text("port: 99999\n")
+    with pytest.raises(ValueError, match="port"):
+        load_config(bad)
+
+
+def test_check_config_names_an_allow_list_entry_no_registry_knows(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"storage: {{home: '{tmp_path}'}}\n")
+    assert main(["check-config", "-c", str(config)]) == 0
+    config.write_text(f"storage: {{home: '{tmp_path}'}}\nallow: {{losses: [NoSuchLoss]}}\n")
+    assert main(["check-config", "-c", str(config)]) == 1
+    assert "NoSuchLoss" in capsys.readouterr().err
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 8123\nmodel: {max_loras: 2}\n")
+    assert main(["print-config", "-c", str(config)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["port"] == 8123 and printed["model"]["max_loras"] == 2
+
+
+def test_keys_create_list_revoke(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"storage: {{home: '{tmp_path}'}}\n")
+    assert main(["keys", "create", "--name", "alice", "-c", str(config)]) == 0
+    key = capsys.readouterr().out.strip()
+    assert key.startswith("tml-")
+    assert main(["keys", "list", "-c", str(config)]) == 0
+    listing = capsys.readouterr().out
+    assert "alice\tactive" in listing and key not in listing
+    assert main(["keys", "revoke", "alice", "-c", str(config)]) == 0
+    main(["keys", "list", "-c", str(config)])
+    assert "alice\trevoked" in capsys.readouterr().out
+    assert main(["keys", "revoke", "alice", "-c", str(config)]) == 1
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["check-config", "-c", str(tmp_path / "absent.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
