@@ -18,7 +18,12 @@ nox.options.error_on_missing_interpreters = True
 ROOT = Path(__file__).parent
 PACKAGES = ["mesh", "data", "kernels", "models", "rl", "server", "client", "kit"]
 # Extras a package's own tests need beyond its dependencies and its "test" group.
-TEST_EXTRAS = {"mesh": ["torch", "ray"], "data": ["modelscope"], "models": ["ray"]}
+TEST_EXTRAS = {
+    "mesh": ["torch", "ray"],
+    "data": ["modelscope"],
+    "models": ["ray", "megatron"],
+    "rl": ["ray"],
+}
 # The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
 UV = (sys.executable, "-m", "uv")
 # These machines set PYTHONDONTWRITEBYTECODE, so every process (each torchrun rank) would
