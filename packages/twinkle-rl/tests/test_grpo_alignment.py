@@ -4,7 +4,8 @@ label positions exactly: an off-by-one would silently train the neighbouring tok
 The trainer and the sampler start from the same weights, so the batch is on-policy: every
 ratio is 1 and the GRPO gradient is ``-sum_t A_t * grad logp_t``. Putting the advantage on one
 completion token must give exactly the gradient of that token's log-probability, computed
-here by hand from the logits that predict it (tolerance 1e-5 relative, float32).
+here by hand from the logits that predict it (float32: 1e-5 relative, plus 1e-6 of each
+tensor's largest entry for the entries near zero).
 """
 
 import copy
@@ -47,7 +48,10 @@ def test_a_per_token_advantage_trains_exactly_that_token(sampler):
     for (name, ours), theirs in zip(
         model.model.named_parameters(), reference.parameters(), strict=True
     ):
-        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-7, msg=name)
+        # The model runs the four rows as one padded batch, the reference one row alone: float32
+        # noise of about 1e-7 of the largest entry remains, far below an off-by-one's change.
+        scale = float(theirs.grad.abs().max())
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6 * scale)
 
 
 def test_per_sequence_advantages_weigh_every_completion_token(sampler):
