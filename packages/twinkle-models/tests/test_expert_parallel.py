@@ -12,11 +12,7 @@ The bad inputs fail at setup, before any process group is needed, so they run he
 """
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,40 +27,20 @@ MOE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_v
 MOE.update(vocab_size=128, num_experts_per_tok=2, moe_intermediate_size=16)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(tmp_path_factory, ranks: int) -> list[dict]:
+def launch(torchrun, tmp_path_factory, ranks: int) -> list[dict]:
     out = tmp_path_factory.mktemp(f"ep{ranks}")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={ranks}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(SCRIPT),
-        str(out),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(SCRIPT, out, procs=ranks)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> list[dict]:
-    return launch(tmp_path_factory, 2)
+def two_ranks(tmp_path_factory, torchrun) -> list[dict]:
+    return launch(torchrun, tmp_path_factory, 2)
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory) -> list[dict]:
-    return launch(tmp_path_factory, 4)
+def four_ranks(tmp_path_factory, torchrun) -> list[dict]:
+    return launch(torchrun, tmp_path_factory, 4)
 
 
 @pytest.mark.parametrize("case", ["qwen3_moe", "qwen3_5_moe"])
@@ -138,18 +114,9 @@ def test_disabled_or_size_one_leaves_the_model_alone():
     assert model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 4
 
 
-def test_the_ep_cookbook_trains(tmp_path):
+def test_the_ep_cookbook_trains(tmp_path, torchrun):
     script = Path(__file__).resolve().parents[3] / "cookbook" / "torchrun" / "ep.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    env["TWINKLE_MAX_STEPS"] = "2"
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script)]
-    done = subprocess.run(
-        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = torchrun(script, env={"TWINKLE_MAX_STEPS": "2"}, cwd=tmp_path)
     metric = re.search(r"step 0 of \d+, metric: \{'loss': ([0-9.]+)", done.stderr)
     assert metric is not None, done.stderr[-3000:]
     assert 7.0 < float(metric.group(1)) < 9.0

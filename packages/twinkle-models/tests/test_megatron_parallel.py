@@ -17,8 +17,6 @@ Weight round trips and resumes are exact.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,55 +29,29 @@ FIRST_LOSS_TOL = 1e-6
 LOSS_TOL = 1e-4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    return env
-
-
-def _torchrun(tmp: Path, procs: int, *cases: str) -> list[dict]:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        f"--nproc_per_node={procs}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(SCRIPTS / "megatron_parallel.py"),
-        str(tmp),
-        *cases,
-    ]
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+def _torchrun(torchrun, tmp: Path, procs: int, *cases: str) -> list[dict]:
+    torchrun(SCRIPTS / "megatron_parallel.py", tmp, *cases, procs=procs, timeout=540)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(procs)]
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> dict:
+def single(tmp_path_factory, child_env) -> dict:
     tmp = tmp_path_factory.mktemp("megatron_single")
     command = [sys.executable, str(SCRIPTS / "megatron_single.py"), str(tmp)]
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=540)
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads((tmp / "single.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory) -> list[dict]:
+def two_ranks(tmp_path_factory, torchrun) -> list[dict]:
     cases = ("tp2", "pp2", "dp2", "dp2dist", "vpp", "ep2", "resume", "lora")
-    return _torchrun(tmp_path_factory.mktemp("megatron_2"), 2, *cases)
+    return _torchrun(torchrun, tmp_path_factory.mktemp("megatron_2"), 2, *cases)
 
 
 @pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory) -> list[dict]:
-    return _torchrun(tmp_path_factory.mktemp("megatron_4"), 4, "tp2pp2", "pp2ep2")
+def four_ranks(tmp_path_factory, torchrun) -> list[dict]:
+    return _torchrun(torchrun, tmp_path_factory.mktemp("megatron_4"), 4, "tp2pp2", "pp2ep2")
 
 
 def _check_equivalence(case: dict) -> None:

@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,29 +32,8 @@ def load_script():
     return module
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(strategy: str, out: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={PROCESSES[strategy]}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(SCRIPT),
-        strategy,
-        str(out),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+def launch(torchrun, strategy: str, out: Path) -> dict:
+    torchrun(SCRIPT, strategy, out, procs=PROCESSES[strategy], timeout=400)
     result = torch.load(out / f"{strategy}.pt", weights_only=False)
     result["errors"] = json.loads((out / f"{strategy}.json").read_text())
     return result
@@ -86,8 +61,8 @@ def assert_close_tensors(got: dict, expected: dict, *, atol: float = 0, relative
 
 
 @pytest.mark.parametrize("strategy", list(PROCESSES))
-def test_strategy_trains_like_one_process(strategy, reference, tmp_path):
-    result = launch(strategy, tmp_path)
+def test_strategy_trains_like_one_process(strategy, reference, tmp_path, torchrun):
+    result = launch(torchrun, strategy, tmp_path)
     for kind in ("lora", "full"):
         got, expected = result[kind], reference[kind]
         assert got["losses"] == pytest.approx(expected["losses"], rel=1e-6), kind

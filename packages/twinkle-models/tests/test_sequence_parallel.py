@@ -7,11 +7,7 @@ parameters after 3 SGD steps to 1e-5, after 3 AdamW steps through TransformersMo
 """
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,30 +24,10 @@ FUNCTION_CASES = ("padded", "padded_eager", "packed", "qwen3_5", "qwen3_5_packed
 MODEL_CASES = ("model_full_padded", "model_lora_packed")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[dict]:
+def results(tmp_path_factory, torchrun) -> list[dict]:
     out = tmp_path_factory.mktemp("sp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
-        str(SCRIPT),
-        str(out),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(SCRIPT, out)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -132,18 +108,9 @@ def first_rows_tokens(rows: int) -> int:
     return sum(len(dataset[i]["input_ids"]) for i in range(rows))
 
 
-def test_the_sp_cookbook_trains_and_counts_each_batch_once(tmp_path):
+def test_the_sp_cookbook_trains_and_counts_each_batch_once(tmp_path, torchrun):
     script = Path(__file__).resolve().parents[3] / "cookbook" / "torchrun" / "sp.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    env["TWINKLE_MAX_STEPS"] = "2"
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script)]
-    done = subprocess.run(
-        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = torchrun(script, env={"TWINKLE_MAX_STEPS": "2"}, cwd=tmp_path)
     metric = re.search(
         r"step 0 of \d+, metric: \{'loss': ([0-9.]+).*'tokens': ([0-9.]+)", done.stderr
     )

@@ -51,7 +51,9 @@ def test_a_per_token_advantage_trains_exactly_that_token(sampler):
         # The model runs the four rows as one padded batch, the reference one row alone: float32
         # noise of about 1e-7 of the largest entry remains, far below an off-by-one's change.
         scale = float(theirs.grad.abs().max())
-        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6 * scale)
+        torch.testing.assert_close(
+            ours.grad, theirs.grad, rtol=1e-5, atol=1e-6 * scale, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 def test_per_sequence_advantages_weigh_every_completion_token(sampler):

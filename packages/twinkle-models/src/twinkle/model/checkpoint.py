@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -134,6 +135,15 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_consumed_train_samples(value: int | None) -> int | None:
+    """``save(consumed_train_samples=...)`` is a non-negative int, or None when unknown."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(
+            f"consumed_train_samples must be a non-negative int or None, got {value!r}"
+        )
+    return value
+
+
 # ---- writing ---------------------------------------------------------------------------------
 
 
@@ -167,6 +177,38 @@ def atomic_folder(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def shared_atomic_folder(
+    final: Path, *, marker: str, overwrite: bool, distributed: bool
+) -> Iterator[tuple[Path, bool]]:
+    """``atomic_folder`` for every rank: rank 0 makes the temporary folder and tells the
+    others its path; it renames it into place once all ranks have written. Yields the folder
+    and whether this rank is the one that writes the shared files."""
+    if not distributed:
+        with atomic_folder(final, marker=marker, overwrite=overwrite) as folder:
+            yield folder, True
+        return
+    if dist.get_rank() != 0:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            raise RuntimeError(f"rank 0 could not create the checkpoint folder {final}: see rank 0")
+        yield Path(box[0]), False
+        dist.barrier()  # every rank has written
+        dist.barrier()  # rank 0 has renamed the folder into place
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(atomic_folder(final, marker=marker, overwrite=overwrite))
+        except BaseException:
+            dist.broadcast_object_list([None], src=0)
+            raise
+        dist.broadcast_object_list([str(folder)], src=0)
+        yield folder, True
+        dist.barrier()
+    dist.barrier()
 
 
 def _rename_into_place(tmp: Path, final: Path) -> None:

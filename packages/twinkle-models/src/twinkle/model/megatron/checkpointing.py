@@ -22,12 +22,10 @@ with what differs, and ``resume_only_model=True`` restores the weights alone.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +37,12 @@ from twinkle.model.checkpoint import (
     TRAINER_STATE,
     CheckpointError,
     CheckpointRecord,
-    atomic_folder,
+    check_consumed_train_samples,
     check_name,
     library_versions,
     load_state_dict,
     read_record,
+    shared_atomic_folder,
     write_record,
 )
 from twinkle.model.rng_state import capture_rng_state, restore_rng_state
@@ -59,26 +58,6 @@ LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
 
 def _rank_file(folder: Path, rank: int) -> Path:
     return folder / STATE_DIR / f"rank_{rank:05d}.pt"
-
-
-@contextlib.contextmanager
-def _shared_atomic_folder(final: Path, overwrite: bool, marker: str) -> Iterator[Path]:
-    """``atomic_folder`` for every rank at once: rank 0 owns the temporary folder and the
-    rename; the others write into it, and a barrier keeps the rename after every write."""
-    import torch.distributed as dist
-
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        with atomic_folder(final, marker=marker, overwrite=overwrite) as tmp:
-            box[0] = str(tmp)
-            dist.broadcast_object_list(box, src=0)
-            yield tmp
-            dist.barrier()
-    else:
-        dist.broadcast_object_list(box, src=0)
-        yield Path(box[0])
-        dist.barrier()
-    dist.barrier()  # the rename is done before anyone reads the folder
 
 
 def _jsonable(value: Any) -> Any:
@@ -163,7 +142,9 @@ class MegatronCheckpointingMixin:
         """Write the model as a plain Hugging Face folder (transformers and vLLM load it),
         with the LoRA adapter, when there is one, merged into the weights."""
         final = Path(output_dir).absolute()
-        with _shared_atomic_folder(final, overwrite, marker="config.json") as folder:
+        with shared_atomic_folder(
+            final, marker="config.json", overwrite=overwrite, distributed=True
+        ) as (folder, _):
             self._write_hf(folder)
         return str(final)
 
@@ -183,15 +164,7 @@ class MegatronCheckpointingMixin:
 
         state = self._state(adapter_name)
         final = Path(output_dir).absolute() / check_name(name)
-        if consumed_train_samples is not None and (
-            isinstance(consumed_train_samples, bool)
-            or not isinstance(consumed_train_samples, int)
-            or consumed_train_samples < 0
-        ):
-            raise ValueError(
-                f"consumed_train_samples must be a non-negative int or None, got "
-                f"{consumed_train_samples!r}"
-            )
+        check_consumed_train_samples(consumed_train_samples)
         if save_optimizer and state.optimizer is not None and self.use_distributed_optimizer:
             raise ValueError(
                 "saving the distributed optimizer's sharded state is not supported yet: pass "
@@ -215,7 +188,9 @@ class MegatronCheckpointingMixin:
             lr_scheduler=type(scheduler).__name__ if scheduler is not None else None,
         )
         adapter = state.name != FULL_MODEL
-        with _shared_atomic_folder(final, overwrite, marker=TRAINER_STATE) as folder:
+        with shared_atomic_folder(
+            final, marker=TRAINER_STATE, overwrite=overwrite, distributed=True
+        ) as (folder, _):
             adapter_config = self._write_adapter(folder) if adapter else None
             if not adapter:
                 self._write_hf(folder)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +36,14 @@ import torch
 
 from twinkle.data_format import ModelOutput
 from twinkle.infra import get_global_device_mesh, remote_class, remote_function
-from twinkle.loss import build_loss
 from twinkle.mesh import DeviceMesh, Platform
-from twinkle.metric import MetricCollection, build_metric, build_train_metrics
 from twinkle.model.base import TwinkleModel
+from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.megatron._require import require_megatron
 from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
 from twinkle.model.precision import resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.module import build_lr_scheduler
-from twinkle.processor import InputProcessor
-from twinkle.template import build_template
-
-
-def _check_accumulation_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
-    return steps
 
 
 def _default_device() -> torch.device:
@@ -64,7 +55,7 @@ def _default_device() -> torch.device:
 
 
 @remote_class(execute="all")
-class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
+class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
     """A Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM from a hub id, a folder or
     ``bundled://tiny-qwen3``, trained with Megatron-core's tensor, pipeline (and virtual
     pipeline), context, expert and data parallelism as the DeviceMesh says.
@@ -114,28 +105,7 @@ class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
         self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
         self._grads_ready = False  # main gradients prepared for the coming optimizer step
 
-    # ---- per-unit components ------------------------------------------------------------
-
-    def _new_state(self, name: str, gradient_accumulation_steps: int) -> TrainState:
-        return TrainState(
-            name=name,
-            gradient_accumulation_steps=_check_accumulation_steps(gradient_accumulation_steps),
-            loss=build_loss("CrossEntropyLoss"),
-            metrics=MetricCollection(build_train_metrics().values()),
-            eval_metrics=MetricCollection(build_train_metrics().values()),
-        )
-
-    @property
-    def adapter_names(self) -> list[str]:
-        return [name for name in self._states if name != FULL_MODEL]
-
-    def _state(self, adapter_name: str | None) -> TrainState:
-        if adapter_name is not None:
-            if adapter_name not in self._states or adapter_name == FULL_MODEL:
-                known = ", ".join(self.adapter_names) or "none: add one with add_adapter_to_model"
-                raise ValueError(f"unknown adapter {adapter_name!r}; adapters: {known}")
-            return self._states[adapter_name]
-        return next(iter(self._states.values()))
+    # ---- the adapter and the optimizer ------------------------------------------------
 
     @remote_function(dispatch="all", collect="first")
     def add_adapter_to_model(
@@ -225,64 +195,14 @@ class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
         ]
         state.lr_scheduler = schedulers[0] if len(schedulers) == 1 else SchedulerGroup(schedulers)
 
-    @remote_function(dispatch="all", collect="first")
-    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).loss = build_loss(loss, **kwargs)
-
-    @remote_function(dispatch="all", collect="first")
-    def set_template(
-        self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
-    ) -> None:
-        if isinstance(template, str | type):
-            kwargs.setdefault("model_id", self.model_id)
-        self._state(adapter_name).template = build_template(template, **kwargs)
-
-    @remote_function(dispatch="all", collect="first")
-    def set_processor(
-        self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
-    ) -> None:
-        state = self._state(adapter_name)
-        state.processor = processor(**kwargs) if isinstance(processor, type) else processor
-
-    @remote_function(dispatch="all", collect="first")
-    def add_metric(
-        self,
-        metric: Any,
-        is_training: bool = True,
-        *,
-        adapter_name: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        state = self._state(adapter_name)
-        collection = state.metrics if is_training else state.eval_metrics
-        collection.add(build_metric(metric, **kwargs))
-
     # ---- inputs -------------------------------------------------------------------------
+
+    def _pad_token_id(self) -> int | None:
+        return getattr(self.hf_config, "pad_token_id", None)
 
     def _collate(self, inputs: Any, state: TrainState) -> dict[str, Any]:
         """InputFeatures, Trajectories or a collated batch -> right-padded device tensors."""
-        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
-            batch = dict(inputs)
-        else:
-            features = (
-                [inputs] if isinstance(inputs, Mapping) or hasattr(inputs, "keys") else inputs
-            )
-            features = list(features) if isinstance(features, Iterable) else None
-            if not features:
-                raise ValueError(
-                    "the batch is empty: pass a non-empty list of InputFeatures or Trajectories"
-                )
-            if all("input_ids" not in f and "messages" in f for f in features):
-                if state.template is None:
-                    raise ValueError(
-                        "these inputs are Trajectories (messages, no input_ids): call "
-                        "set_template(...) so the model can encode them"
-                    )
-                features = [f for f in state.template.batch_encode(features) if f is not None]
-            if state.processor is None:
-                pad = getattr(self.hf_config, "pad_token_id", None) or 0
-                state.processor = InputProcessor(padding_side="right", pad_token_id=pad)
-            batch = state.processor(features)
+        batch = self._batch_of(inputs, state)
         _check_padded(batch)
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
         return self._align_for_experts(batch) if self.layout.ep > 1 else batch
@@ -455,57 +375,6 @@ class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
         state.pending_tokens = 0.0
         self._grads_ready = False
 
-    @remote_function(dispatch="all", collect="first")
-    def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
-        """Normalise and reduce the accumulated gradients, then clip their global norm."""
-        return self._clip(self._state(adapter_name), max_norm)
-
-    @remote_function(dispatch="all", collect="first")
-    def step(self, *, adapter_name: str | None = None) -> None:
-        self._step(self._state(adapter_name))
-
-    @remote_function(dispatch="all", collect="first")
-    def zero_grad(self, *, adapter_name: str | None = None) -> None:
-        self._zero_grad(self._state(adapter_name))
-
-    @remote_function(dispatch="all", collect="first")
-    def lr_step(self, *, adapter_name: str | None = None) -> None:
-        state = self._state(adapter_name)
-        if state.lr_scheduler is not None:
-            state.lr_scheduler.step()
-
-    @remote_function(dispatch="all", collect="first")
-    def clip_grad_and_step(
-        self,
-        max_grad_norm: float = 1.0,
-        gradient_accumulation_steps: int | None = None,
-        *,
-        adapter_name: str | None = None,
-    ) -> float | None:
-        """As TransformersModel's: steps once every ``gradient_accumulation_steps`` calls; the
-        lr schedule advances by one per call. Returns the gradient norm when it stepped."""
-        state = self._state(adapter_name)
-        optimizer = self._require_optimizer(state, "clip_grad_and_step")
-        if gradient_accumulation_steps is not None:
-            state.gradient_accumulation_steps = _check_accumulation_steps(
-                gradient_accumulation_steps
-            )
-        state.accumulated_calls += 1
-        if state.accumulated_calls < state.gradient_accumulation_steps:
-            return None
-        calls, state.accumulated_calls = state.accumulated_calls, 0
-        norm = self._clip(state, max_grad_norm)
-        lr = optimizer.param_groups[0]["lr"]
-        self._step(state)
-        self._zero_grad(state)
-        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
-        state.window_start = None
-        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
-        if state.lr_scheduler is not None:
-            for _ in range(calls):
-                state.lr_scheduler.step()
-        return norm
-
     # ---- reporting ----------------------------------------------------------------------
 
     @remote_function(dispatch="all", collect="first")
@@ -515,8 +384,7 @@ class MegatronModel(MegatronCheckpointingMixin, TwinkleModel):
         """The metrics since the last call (fed on the last pipeline stage, sent to all)."""
         from twinkle.model.megatron.schedule import from_last_stage
 
-        state = self._state(adapter_name)
-        collection = state.metrics if is_training else state.eval_metrics
+        collection = self._metrics(adapter_name, is_training)
         return from_last_stage(collection.calculate_and_reset())
 
     @remote_function(dispatch="all", collect="first")

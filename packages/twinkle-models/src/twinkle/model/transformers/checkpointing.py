@@ -12,9 +12,7 @@ saved sharded with torch.distributed.checkpoint (resumable on a mesh of as many 
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +29,14 @@ from twinkle.model.checkpoint import (
     TRAINER_STATE,
     CheckpointError,
     CheckpointRecord,
-    atomic_folder,
+    check_consumed_train_samples,
     check_name,
     full_weight_files,
     library_versions,
     load_state_dict,
     read_record,
     rng_file,
+    shared_atomic_folder,
     write_record,
 )
 from twinkle.model.rng_state import capture_rng_state, restore_rng_state
@@ -61,38 +60,6 @@ from twinkle.utils import get_logger
 
 logger = get_logger()
 SHARDED = "sharded"  # the optimizer state lives in optimizer/, read by torch.distributed.checkpoint
-
-
-@contextlib.contextmanager
-def shared_atomic_folder(
-    final: Path, *, marker: str, overwrite: bool, distributed: bool
-) -> Iterator[tuple[Path, bool]]:
-    """``atomic_folder`` for every rank: rank 0 makes the temporary folder and tells the
-    others its path; it renames it into place once all ranks have written. Yields the folder
-    and whether this rank is the one that writes the shared files."""
-    if not distributed:
-        with atomic_folder(final, marker=marker, overwrite=overwrite) as folder:
-            yield folder, True
-        return
-    if dist.get_rank() != 0:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0)
-        if box[0] is None:
-            raise RuntimeError(f"rank 0 could not create the checkpoint folder {final}: see rank 0")
-        yield Path(box[0]), False
-        dist.barrier()  # every rank has written
-        dist.barrier()  # rank 0 has renamed the folder into place
-        return
-    with contextlib.ExitStack() as stack:
-        try:
-            folder = stack.enter_context(atomic_folder(final, marker=marker, overwrite=overwrite))
-        except BaseException:
-            dist.broadcast_object_list([None], src=0)
-            raise
-        dist.broadcast_object_list([str(folder)], src=0)
-        yield folder, True
-        dist.barrier()
-    dist.barrier()
 
 
 class CheckpointingMixin:
@@ -124,15 +91,7 @@ class CheckpointingMixin:
         """
         state = self._state(adapter_name)
         final = Path(output_dir) / check_name(name)
-        if consumed_train_samples is not None and (
-            isinstance(consumed_train_samples, bool)
-            or not isinstance(consumed_train_samples, int)
-            or consumed_train_samples < 0
-        ):
-            raise ValueError(
-                f"consumed_train_samples must be a non-negative int or None, got "
-                f"{consumed_train_samples!r}"
-            )
+        check_consumed_train_samples(consumed_train_samples)
         if state.pending_tokens > 0 or state.accumulated_calls > 0:
             logger.warning(
                 f"saving {final} between optimizer steps: the gradients accumulated since the "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,14 +26,14 @@ from twinkle.data_format import ModelOutput
 from twinkle.infra import get_global_device_mesh, remote_class, remote_function
 from twinkle.loss import (
     CrossEntropyLoss,
-    build_loss,
     chunked_logps,
     logps_from_logits,
     prefers_chunked,
 )
 from twinkle.mesh import DeviceMesh, Platform
-from twinkle.metric import MetricCollection, build_metric, build_train_metrics
+from twinkle.metric import MetricCollection
 from twinkle.model.base import TwinkleModel
+from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
 from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
@@ -44,19 +44,11 @@ from twinkle.model.transformers.strategy import ParallelPlan, parallelize
 from twinkle.model.transformers.strategy.sequence_parallel import sequence_parallel_of
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.patch import apply_for_batch
-from twinkle.processor import InputProcessor
-from twinkle.template import build_template
 from twinkle.utils import get_logger
 
 logger = get_logger()
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 TASKS = ("causal_lm", "embedding")
-
-
-def _check_accumulation_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
-    return steps
 
 
 def _default_device() -> torch.device:
@@ -67,7 +59,7 @@ def _default_device() -> torch.device:
 
 
 @remote_class(execute="all")
-class TransformersModel(CheckpointingMixin, TwinkleModel):
+class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
     """A causal LM from a hub id, a local folder or a bundled id (``bundled://tiny-qwen3``).
 
     ``mixed_precision='auto'`` autocasts to bf16 where the device computes it
@@ -132,38 +124,6 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         self._active: str | None = None
 
     # ---- adapters and per-adapter components -------------------------------------------------
-
-    def _new_state(self, name: str, gradient_accumulation_steps: int) -> TrainState:
-        return TrainState(
-            name=name,
-            gradient_accumulation_steps=_check_accumulation_steps(gradient_accumulation_steps),
-            loss=build_loss("CrossEntropyLoss"),
-            metrics=MetricCollection(build_train_metrics().values()),
-            # The evaluation metrics start as the training defaults; the step-level ones
-            # (grad_norm, lr, step_time) stay silent, as no step feeds them.
-            eval_metrics=MetricCollection(build_train_metrics().values()),
-        )
-
-    @property
-    def adapter_names(self) -> list[str]:
-        return [name for name in self._states if name != FULL_MODEL]
-
-    def _state(self, adapter_name: str | None) -> TrainState:
-        if adapter_name is not None:
-            if adapter_name not in self._states or adapter_name == FULL_MODEL:
-                known = ", ".join(self.adapter_names) or "none: add one with add_adapter_to_model"
-                raise ValueError(f"unknown adapter {adapter_name!r}; adapters: {known}")
-            return self._states[adapter_name]
-        if FULL_MODEL in self._states:
-            return self._states[FULL_MODEL]
-        names = self.adapter_names
-        if len(names) == 1:
-            return self._states[names[0]]
-        if "default" in self._states:
-            return self._states["default"]
-        raise ValueError(
-            f"this model has several adapters ({', '.join(names)}): pass adapter_name="
-        )
 
     def _activate(self, state: TrainState) -> None:
         """Make ``state``'s adapter the one that runs and receives gradients."""
@@ -306,70 +266,14 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
             raise ValueError("set_lr_scheduler needs an optimizer: call set_optimizer(...) first")
         state.lr_scheduler = build_lr_scheduler(state.optimizer, scheduler_cls, **kwargs)
 
-    @remote_function(dispatch="all", collect="first")
-    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        self._state(adapter_name).loss = build_loss(loss, **kwargs)
-
-    @remote_function(dispatch="all", collect="first")
-    def set_template(
-        self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
-    ) -> None:
-        if isinstance(template, str | type):
-            kwargs.setdefault("model_id", self.model_id)
-        self._state(adapter_name).template = build_template(template, **kwargs)
-
-    @remote_function(dispatch="all", collect="first")
-    def set_processor(
-        self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
-    ) -> None:
-        state = self._state(adapter_name)
-        state.processor = processor(**kwargs) if isinstance(processor, type) else processor
-
-    @remote_function(dispatch="all", collect="first")
-    def add_metric(
-        self,
-        metric: Any,
-        is_training: bool = True,
-        *,
-        adapter_name: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Add a metric to the training collection (fed by forward_backward and each optimizer
-        step) or, with ``is_training=False``, to the evaluation one (fed by forward_only);
-        ``calculate_metric(is_training)`` reports the same collection."""
-        state = self._state(adapter_name)
-        collection = state.metrics if is_training else state.eval_metrics
-        collection.add(build_metric(metric, **kwargs))
-
     # ---- inputs ---------------------------------------------------------------------------
 
-    def _processor(self, state: TrainState) -> InputProcessor:
-        if state.processor is None:
-            pad = self.model.config.pad_token_id
-            state.processor = InputProcessor(padding_side="right", pad_token_id=pad or 0)
-        return state.processor
+    def _pad_token_id(self) -> int | None:
+        return self.model.config.pad_token_id
 
     def _collate(self, inputs: Any, state: TrainState) -> dict[str, torch.Tensor]:
         """Turn InputFeatures, Trajectories or an already collated batch into device tensors."""
-        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
-            batch = dict(inputs)
-        else:
-            features = (
-                [inputs] if isinstance(inputs, Mapping) or hasattr(inputs, "keys") else inputs
-            )
-            features = list(features) if isinstance(features, Iterable) else None
-            if not features:
-                raise ValueError(
-                    "the batch is empty: pass a non-empty list of InputFeatures or Trajectories"
-                )
-            if all("input_ids" not in f and "messages" in f for f in features):
-                if state.template is None:
-                    raise ValueError(
-                        "these inputs are Trajectories (messages, no input_ids): call "
-                        "set_template(...) so the model can encode them"
-                    )
-                features = [f for f in state.template.batch_encode(features) if f is not None]
-            batch = self._processor(state)(features)
+        batch = self._batch_of(inputs, state)
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     @staticmethod
@@ -736,64 +640,6 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
         state.pending_tokens = 0.0
         self._unreduced.discard(state.name)
 
-    @remote_function(dispatch="all", collect="first")
-    def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
-        """Normalise the accumulated gradients, then clip their global norm; returns the norm."""
-        return self._clip(self._state(adapter_name), max_norm)
-
-    @remote_function(dispatch="all", collect="first")
-    def step(self, *, adapter_name: str | None = None) -> None:
-        self._step(self._state(adapter_name))
-
-    @remote_function(dispatch="all", collect="first")
-    def zero_grad(self, *, adapter_name: str | None = None) -> None:
-        self._zero_grad(self._state(adapter_name))
-
-    @remote_function(dispatch="all", collect="first")
-    def lr_step(self, *, adapter_name: str | None = None) -> None:
-        state = self._state(adapter_name)
-        if state.lr_scheduler is not None:
-            state.lr_scheduler.step()
-
-    @remote_function(dispatch="all", collect="first")
-    def clip_grad_and_step(
-        self,
-        max_grad_norm: float = 1.0,
-        gradient_accumulation_steps: int | None = None,
-        *,
-        adapter_name: str | None = None,
-    ) -> float | None:
-        """One call per batch; the optimizer steps once ``gradient_accumulation_steps`` calls
-        have accumulated since the last step (``accumulated_calls`` counts them).
-
-        ``gradient_accumulation_steps`` given here replaces the unit's setting from this
-        call on, as the documents' ``clip_grad_and_step(gradient_accumulation_steps=1)``
-        does. The lr schedule advances by one per call (in a burst at each optimizer step),
-        so ``num_training_steps=len(dataloader)`` spans the run whatever the accumulation,
-        as the user's documents write it.
-        """
-        state = self._state(adapter_name)
-        self._require_optimizer(state, "clip_grad_and_step")
-        if gradient_accumulation_steps is not None:
-            state.gradient_accumulation_steps = _check_accumulation_steps(
-                gradient_accumulation_steps
-            )
-        state.accumulated_calls += 1
-        if state.accumulated_calls < state.gradient_accumulation_steps:
-            return None
-        calls, state.accumulated_calls = state.accumulated_calls, 0
-        norm = self._clip(state, max_grad_norm)
-        lr = state.optimizer.param_groups[0]["lr"]
-        self._step(state)
-        self._zero_grad(state)
-        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
-        state.window_start = None
-        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
-        if state.lr_scheduler is not None:
-            for _ in range(calls):
-                state.lr_scheduler.step()
-        return norm
-
     # ---- reporting ------------------------------------------------------------------------
 
     @remote_function(dispatch="all", collect="first")
@@ -802,8 +648,7 @@ class TransformersModel(CheckpointingMixin, TwinkleModel):
     ) -> dict[str, float]:
         """The training metrics (or, with ``is_training=False``, the evaluation metrics fed
         by forward_only) since the last call, as floats; resets that collection."""
-        state = self._state(adapter_name)
-        collection = state.metrics if is_training else state.eval_metrics
+        collection = self._metrics(adapter_name, is_training)
         plan = self._parallel()
         if plan.distributed:
             collection.reduce_across(plan.all_reduce_tensor)

@@ -1,0 +1,199 @@
+"""What every backend does the same with its trainable units (TrainStates).
+
+A mixin of TransformersModel and MegatronModel: resolving ``adapter_name`` to a unit,
+setting the unit's loss, template, processor and metrics, turning inputs into a batch,
+and the gradient-accumulation rhythm of ``clip_grad_and_step``. The backend supplies the
+mechanics these call on: ``_clip``, ``_step``, ``_zero_grad``, ``_require_optimizer`` and
+``_pad_token_id``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from twinkle.infra import remote_function
+from twinkle.loss import build_loss
+from twinkle.metric import MetricCollection, build_metric, build_train_metrics
+from twinkle.model.train_state import FULL_MODEL, TrainState
+from twinkle.processor import InputProcessor
+from twinkle.template import build_template
+
+
+def check_accumulation_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+    return steps
+
+
+class TrainUnitsMixin:
+    """Per-unit components, batching and the accumulation rhythm, for a model holding ``_states``
+    (FULL_MODEL alone, or one state per adapter) and ``model_id``."""
+
+    _states: dict[str, TrainState]
+    model_id: str | None
+
+    def _new_state(self, name: str, gradient_accumulation_steps: int) -> TrainState:
+        return TrainState(
+            name=name,
+            gradient_accumulation_steps=check_accumulation_steps(gradient_accumulation_steps),
+            loss=build_loss("CrossEntropyLoss"),
+            metrics=MetricCollection(build_train_metrics().values()),
+            # The evaluation metrics start as the training defaults; the step-level ones
+            # (grad_norm, lr, step_time) stay silent, as no step feeds them.
+            eval_metrics=MetricCollection(build_train_metrics().values()),
+        )
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [name for name in self._states if name != FULL_MODEL]
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        """The named adapter's state; by default the full model's, the only adapter's, or the
+        one named 'default'."""
+        if adapter_name is not None:
+            if adapter_name not in self._states or adapter_name == FULL_MODEL:
+                known = ", ".join(self.adapter_names) or "none: add one with add_adapter_to_model"
+                raise ValueError(f"unknown adapter {adapter_name!r}; adapters: {known}")
+            return self._states[adapter_name]
+        if FULL_MODEL in self._states:
+            return self._states[FULL_MODEL]
+        names = self.adapter_names
+        if len(names) == 1:
+            return self._states[names[0]]
+        if "default" in self._states:
+            return self._states["default"]
+        raise ValueError(
+            f"this model has several adapters ({', '.join(names)}): pass adapter_name="
+        )
+
+    @remote_function(dispatch="all", collect="first")
+    def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
+        self._state(adapter_name).loss = build_loss(loss, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_template(
+        self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        if isinstance(template, str | type):
+            kwargs.setdefault("model_id", self.model_id)
+        self._state(adapter_name).template = build_template(template, **kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def set_processor(
+        self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
+        state = self._state(adapter_name)
+        state.processor = processor(**kwargs) if isinstance(processor, type) else processor
+
+    @remote_function(dispatch="all", collect="first")
+    def add_metric(
+        self,
+        metric: Any,
+        is_training: bool = True,
+        *,
+        adapter_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add a metric to the training collection (fed by forward_backward and each optimizer
+        step) or, with ``is_training=False``, to the evaluation one (fed by forward_only);
+        ``calculate_metric(is_training)`` reports the same collection."""
+        self._metrics(adapter_name, is_training).add(build_metric(metric, **kwargs))
+
+    # ---- inputs: the backend's _pad_token_id ----------------------------------------------
+
+    def _batch_of(self, inputs: Any, state: TrainState) -> dict[str, Any]:
+        """InputFeatures, Trajectories (encoded by the unit's template) or an already collated
+        batch, as one batch of the unit's processor (right padding by default); not yet on
+        the device."""
+        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
+            batch = dict(inputs)
+        else:
+            features = (
+                [inputs] if isinstance(inputs, Mapping) or hasattr(inputs, "keys") else inputs
+            )
+            features = list(features) if isinstance(features, Iterable) else None
+            if not features:
+                raise ValueError(
+                    "the batch is empty: pass a non-empty list of InputFeatures or Trajectories"
+                )
+            if all("input_ids" not in f and "messages" in f for f in features):
+                if state.template is None:
+                    raise ValueError(
+                        "these inputs are Trajectories (messages, no input_ids): call "
+                        "set_template(...) so the model can encode them"
+                    )
+                features = [f for f in state.template.batch_encode(features) if f is not None]
+            if state.processor is None:
+                pad = self._pad_token_id() or 0
+                state.processor = InputProcessor(padding_side="right", pad_token_id=pad)
+            batch = state.processor(features)
+        return batch
+
+    def _metrics(self, adapter_name: str | None, is_training: bool) -> MetricCollection:
+        state = self._state(adapter_name)
+        return state.metrics if is_training else state.eval_metrics
+
+    # ---- optimizer steps: the backend's _clip, _step and _zero_grad, per unit ------------
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
+        """Normalise (and reduce) the accumulated gradients, then clip their global norm;
+        returns the norm."""
+        return self._clip(self._state(adapter_name), max_norm)
+
+    @remote_function(dispatch="all", collect="first")
+    def step(self, *, adapter_name: str | None = None) -> None:
+        self._step(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def zero_grad(self, *, adapter_name: str | None = None) -> None:
+        self._zero_grad(self._state(adapter_name))
+
+    @remote_function(dispatch="all", collect="first")
+    def lr_step(self, *, adapter_name: str | None = None) -> None:
+        state = self._state(adapter_name)
+        if state.lr_scheduler is not None:
+            state.lr_scheduler.step()
+
+    @remote_function(dispatch="all", collect="first")
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float = 1.0,
+        gradient_accumulation_steps: int | None = None,
+        *,
+        adapter_name: str | None = None,
+    ) -> float | None:
+        """One call per batch; the optimizer steps once ``gradient_accumulation_steps`` calls
+        have accumulated since the last step (``accumulated_calls`` counts them).
+
+        ``gradient_accumulation_steps`` given here replaces the unit's setting from this
+        call on, as the documents' ``clip_grad_and_step(gradient_accumulation_steps=1)``
+        does. The lr schedule advances by one per call (in a burst at each optimizer step),
+        so ``num_training_steps=len(dataloader)`` spans the run whatever the accumulation,
+        as the user's documents write it. Returns the gradient norm when it stepped.
+        """
+        state = self._state(adapter_name)
+        optimizer = self._require_optimizer(state, "clip_grad_and_step")
+        if gradient_accumulation_steps is not None:
+            state.gradient_accumulation_steps = check_accumulation_steps(
+                gradient_accumulation_steps
+            )
+        state.accumulated_calls += 1
+        if state.accumulated_calls < state.gradient_accumulation_steps:
+            return None
+        calls, state.accumulated_calls = state.accumulated_calls, 0
+        norm = self._clip(state, max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]
+        self._step(state)
+        self._zero_grad(state)
+        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        state.window_start = None
+        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
+        if state.lr_scheduler is not None:
+            for _ in range(calls):
+                state.lr_scheduler.step()
+        return norm
