@@ -85,9 +85,11 @@ def _install_wheels(session: nox.Session, wheels: list[str], package: str | None
     """Install built wheels with third-party versions pinned by the lock."""
     pins = Path(session.create_tmp()) / "pins.txt"
     selection = [f"--package={package}"] if package else ["--all-packages"]
+    # uv refuses --no-extra for an extra the selected package does not define.
+    skip = () if package else GPU_ONLY_EXTRAS
     session.run(
         *UV, "export", "--quiet", "--frozen", "--no-emit-workspace", "--no-dev", "--no-hashes",
-        "--all-extras", *GPU_ONLY_EXTRAS, *selection, "-o", str(pins), external=True,
+        "--all-extras", *skip, *selection, "-o", str(pins), external=True,
     )  # fmt: skip
     session.install("-r", str(pins), *wheels)
 
