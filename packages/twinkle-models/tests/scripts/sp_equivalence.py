@@ -16,7 +16,9 @@ layers), a padded batch on a Qwen3-MoE.
 
 TransformersModel: the same batches through its own loop (AdamW, clipping) with the
 mesh (FSDP2 over the two SP ranks), full training on padded batches and LoRA with
-activation checkpointing on packed ones, against a TransformersModel without a mesh.
+activation checkpointing on packed ones, against a TransformersModel without a mesh; and
+a tiny Qwen3-MoE with output_router_logits=True (the router load-balancing loss, computed
+from router logits gathered over the SP group) trained with SGD.
 
 Plus a forward without labels (gathered logits) and the bad inputs that must fail at setup.
 Results go to OUT/rank<r>.json.
@@ -172,6 +174,38 @@ def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
     return {"losses": losses, "weights": {n: state[n].float() for n in names if n in state}}
 
 
+def train_moe(mesh: DeviceMesh | None, aux_coef: float) -> dict:
+    """TransformersModel on a tiny Qwen3-MoE whose loss includes the router load-balancing
+    term (SGD, no effective clipping: a gradient counted twice would show)."""
+    config = tiny_config("moe")
+    config.output_router_logits, config.router_aux_loss_coef = True, aux_coef
+    model = TransformersModel(config=config, device="cpu", device_mesh=mesh)
+    model.set_processor(InputProcessor)
+    model.set_optimizer("SGD", lr=LR)
+    losses = []
+    for features in feature_batches(config.vocab_size):
+        losses.append(model.forward_backward(features).loss)
+        model.clip_grad_and_step(1e9)
+    state = full_model_state_dict(model.model)
+    return {"losses": losses, "weights": {n: w.float() for n, w in state.items()}}
+
+
+def moe_aux_case(mesh: DeviceMesh) -> dict:
+    """SP(2) against one process; plus how far one process moves when the aux term counts
+    twice (what SP would do if each of its 2 ranks' identical aux loss were summed)."""
+    reference, parallel = train_moe(None, 0.5), train_moe(mesh, 0.5)
+    doubled = train_moe(None, 1.0)
+    diffs = [(reference["weights"][n] - w).abs().max() for n, w in parallel["weights"].items()]
+    twice = [(reference["weights"][n] - w).abs().max() for n, w in doubled["weights"].items()]
+    return {
+        "losses_ref": reference["losses"],
+        "losses_sp": parallel["losses"],
+        "weights_compared": len(diffs),
+        "max_param_diff": float(max(diffs)) if diffs else None,
+        "doubled_aux_param_diff": float(max(twice)) if twice else None,
+    }
+
+
 def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
     reference = train_model(None, lora, packed)
     parallel = train_model(mesh, lora, packed)
@@ -224,7 +258,7 @@ def main(out: Path) -> None:
         "model_full_padded": model_case(mesh, lora=False, packed=False),
         "model_lora_packed": model_case(mesh, lora=True, packed=True),
         "bad_kv_heads": setup_error("qwen3", mesh, num_key_value_heads=1),
-        "bad_router_logits": setup_error("moe", mesh, output_router_logits=True),
+        "model_moe_aux": moe_aux_case(mesh),
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

@@ -40,8 +40,16 @@ from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
 from twinkle.model.transformers.loading import load_causal_lm
 from twinkle.model.transformers.moe import sync_expert_gradients
+from twinkle.model.transformers.router_aux_loss import (
+    record_router_logits,
+    router_aux_loss,
+    wants_router_aux_loss,
+)
 from twinkle.model.transformers.strategy import ParallelPlan, parallelize
-from twinkle.model.transformers.strategy.sequence_parallel import sequence_parallel_of
+from twinkle.model.transformers.strategy.sequence_parallel import (
+    SequenceShard,
+    sequence_parallel_of,
+)
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.patch import apply_for_batch
 from twinkle.utils import get_logger
@@ -305,13 +313,32 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
 
     def _forward(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Run the model; with labels, also the label-token logps and predicted ids.
+        """Run the model; with labels, also the label-token logps and predicted ids; for a
+        MoE whose config sets ``output_router_logits``, the router ``aux_loss`` too.
 
         When full logits would be large (``prefers_chunked``) and the head is a plain
         linear layer, only the decoder runs here and the head is applied chunk by
         chunk on the label positions, so full-vocabulary logits never exist.
         """
+        base = self._hf_model()
+        if not wants_router_aux_loss(base):
+            return self._model_outputs(batch, {})[0]
+        # transformers' in-forward aux loss would see a shard under SP: record and compute here.
+        with record_router_logits(base) as router_logits:
+            outputs, shard = self._model_outputs(batch, {"output_router_logits": False})
+        if not router_logits:
+            raise ValueError(
+                "output_router_logits=True but no router returned logits; with expert "
+                "parallel, set ExpertParallelConfig(keep_router_logits=True)"
+            )
+        if shard is not None:
+            router_logits = shard.full_router_logits(router_logits)
+        outputs["aux_loss"] = router_aux_loss(base, router_logits, batch.get("attention_mask"))
+        return outputs
+
+    def _model_outputs(self, batch: dict, extra: dict) -> tuple[dict, SequenceShard | None]:
         model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+        model_inputs.update(extra)
         labels = batch.get("labels")
         base = self._hf_model()
         # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
@@ -320,7 +347,8 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         if sequence_parallel is not None:  # Ulysses: this rank runs its shard of the sequence
             inputs, shard = sequence_parallel.shard(batch, base.get_input_embeddings().weight.dtype)
             with autocast(self.precision, self.device.type):
-                return shard.outputs(self.model(**inputs, use_cache=False).logits)
+                logits = self.model(**inputs, **extra, use_cache=False).logits
+                return shard.outputs(logits), shard
         head = base.get_output_embeddings()
         chunked = (
             labels is not None
@@ -337,11 +365,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
             else:
                 logits = self.model(**model_inputs, use_cache=False).logits
                 if labels is None:
-                    return {"logits": logits.float()}
+                    return {"logits": logits.float()}, None
                 result = logps_from_logits(logits, labels)
                 outputs = {"logits": logits}
         outputs.update(logps=result.logps, pred_ids=result.predicted_ids)
-        return outputs
+        return outputs, None
 
     def _loss(
         self, batch: dict, outputs: dict, state: TrainState, **loss_kwargs
@@ -355,7 +383,15 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 "the batch has no label tokens (every label is -100), so there is nothing to "
                 "train on; check the template's labels or the data"
             )
-        return result["loss"], num_tokens
+        loss = result["loss"]
+        if "aux_loss" in outputs:
+            # Losses are sums divided by the step's token count: scaled by this batch's
+            # tokens, the aux loss becomes coef * aux after that division, so one batch's
+            # gradient is transformers' (loss + router_aux_loss_coef * aux_loss); over
+            # accumulated batches, the token-weighted mean of their aux losses.
+            coef = self._hf_model().config.get_text_config().router_aux_loss_coef
+            loss = loss + coef * outputs["aux_loss"] * num_tokens
+        return loss, num_tokens
 
     def _check_task(self, task: str) -> str:
         if task not in TASKS:
@@ -501,8 +537,15 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         mask = batch.get("attention_mask")
         real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         if self._counts_batch_metrics():
+            # A MoE's router loss, for ScalarMetric('aux_loss').
+            extra = {"aux_loss": outputs["aux_loss"].detach()} if "aux_loss" in outputs else {}
             state.metrics.accumulate(
-                batch, outputs, loss=loss.detach(), num_tokens=num_tokens, input_tokens=real_tokens
+                batch,
+                outputs,
+                loss=loss.detach(),
+                num_tokens=num_tokens,
+                input_tokens=real_tokens,
+                **extra,
             )
 
     def _counts_batch_metrics(self) -> bool:

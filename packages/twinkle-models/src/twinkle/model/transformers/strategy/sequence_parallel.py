@@ -15,7 +15,8 @@ Per forward (``SequenceParallel.shard`` then ``SequenceShard.outputs``):
 4. each rank scores its shard (the label-token logps) and the logps are gathered, so the
    loss, computed identically on every SP rank from the full (B, T) logps, is exactly the
    single-process loss. Full logits are gathered only when returned without labels
-   (``gather_logits``).
+   (``gather_logits``). MoE router logits are gathered the same way
+   (``SequenceShard.full_router_logits``), so the load-balancing loss sees the whole sequence.
 
 Gradient contract for the data-parallel strategy: each SP rank ends its backward holding a
 partial gradient, and the partials of one SP group sum to the group's full gradient; every
@@ -91,8 +92,10 @@ def _check_heads(text_config, size: int) -> None:
 class SequenceShard:
     """One forward's shard: what ``outputs`` needs to turn local logits into full outputs."""
 
-    def __init__(self, sp: SequenceParallel, length: int, labels: torch.Tensor | None) -> None:
-        self.sp, self.length, self.labels = sp, length, labels
+    def __init__(
+        self, sp: SequenceParallel, batch_size: int, length: int, labels: torch.Tensor | None
+    ) -> None:
+        self.sp, self.batch_size, self.length, self.labels = sp, batch_size, length, labels
 
     def outputs(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{'logits'}`` without labels; else ``{'logps', 'pred_ids'}`` (B, T) aligned
@@ -120,6 +123,19 @@ class SequenceShard:
         )
         return {"logps": logps, "pred_ids": pred_ids}
 
+    def full_router_logits(self, router_logits: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each layer's (B * T_shard, E) router logits gathered into (B * T, E) for the whole
+        sequence, the split's padding dropped, so the MoE load-balancing loss computed from
+        them on every SP rank is the single-process one. The gather's backward keeps this
+        rank's slice: the identical loss on ``sp`` ranks is counted once (module docstring)."""
+        full = []
+        for layer in router_logits:
+            shard = layer.shape[0] // self.batch_size
+            rows = layer.reshape(self.batch_size, shard, layer.shape[-1])
+            rows = gather_sequence(rows, 1, self.sp.group)[:, : self.length]
+            full.append(rows.reshape(-1, layer.shape[-1]))
+        return full
+
 
 class SequenceParallel:
     """Ulysses SP over one group of ranks, set up on a model by ``apply_sequence_parallel``."""
@@ -139,12 +155,6 @@ class SequenceParallel:
             raise NotImplementedError(
                 f"Ulysses sequence parallel does not know layer types {sorted(unknown)}; "
                 f"it handles {sorted(MASK_FUNCTIONS)}"
-            )
-        if getattr(text_config, "output_router_logits", False):
-            raise NotImplementedError(
-                "output_router_logits=True (the MoE load-balancing loss) is not supported under "
-                "Ulysses sequence parallel: the router logits and the loss's padding mask would "
-                "cover one sequence shard. Set config.output_router_logits=False"
             )
         if inner not in SUPPORTED_INNER:
             raise NotImplementedError(
@@ -218,7 +228,7 @@ class SequenceParallel:
                 max_length_q=longest,
                 max_length_k=longest,
             )
-        return inputs, SequenceShard(self, length, labels)
+        return inputs, SequenceShard(self, batch_size, length, labels)
 
 
 def sequence_parallel_of(model: nn.Module) -> SequenceParallel | None:
