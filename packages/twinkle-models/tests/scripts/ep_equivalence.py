@@ -18,6 +18,13 @@ experts as FSDP units of their own (ep folded into fsdp=2), and DDP (dp=2) with 
 experts left out of it, and EP(2) with Ulysses SP(2) on the same two ranks (each rank
 dispatches its sequence shard's tokens). With 4 ranks only the FSDP case runs, on EP(2) ×
 ep_fsdp(2).
+
+Checkpoints (2 ranks, under FSDP2 and under DDP; 4 ranks, EP(2) × ep_fsdp(2)): a run trains
+1 step, saves, trains 2 more; rank 0 loads the folder with transformers alone and compares
+it with the gathered weights; a model with other random weights resumes the folder (weights
+cut back to its experts, optimizer state through torch.distributed.checkpoint) and takes the
+2 steps, and another resumes the weights alone (its second loss must differ: AdamW starts
+afresh).
 Results go to OUT/rank<r>.json.
 """
 
@@ -30,11 +37,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from peft import LoraConfig
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from twinkle.loss import logps_from_logits
 from twinkle.mesh import DeviceMesh
 from twinkle.model import TransformersModel
+from twinkle.model.checkpoint import CheckpointError
 from twinkle.model.transformers.moe import (
     ExpertParallelConfig,
     apply_expert_parallel,
@@ -171,6 +181,104 @@ def train_model(mesh: DeviceMesh | None) -> dict:
     return {"losses": losses, "grad_norms": norms, "weights": weights}
 
 
+def init_routers(model: TransformersModel, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.model.named_parameters():
+            if "gate.weight" in name:
+                param.normal_(std=0.5, generator=generator)
+
+
+def checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
+    """Save under EP after 1 of 3 steps; load the folder in one process; resume from it."""
+    rows_per_step, losses = batches(SMALL["vocab_size"]), []
+
+    def model_with(seed: int) -> TransformersModel:
+        torch.manual_seed(seed)
+        model = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=mesh)
+        init_routers(model, seed)
+        model.set_optimizer("AdamW", lr=1e-2)
+        return model
+
+    def step(model: TransformersModel, rows: list) -> float:
+        model.forward_backward(rows[mesh.get_slice(len(rows))])
+        model.clip_grad_and_step(1.0)
+        return model.calculate_metric()["loss"]
+
+    model = model_with(2)
+    losses = [step(model, rows_per_step[0])]
+    path = model.save("ep", folder)
+    # Copies: on CPU the state dict shares the parameters' storage, which the next step changes.
+    weights = {name: t.clone() for name, t in full_model_state_dict(model.model).items()}
+    experts = gather_expert_weights(model.model)
+    losses += [step(model, rows) for rows in rows_per_step[1:]]
+    result = {"losses": losses}
+    if dist.get_rank() == 0:  # the folder alone, as a one-process Hugging Face model
+        loaded = AutoModelForCausalLM.from_pretrained(path).state_dict()
+        weights.update(experts)
+        result["folder_keys_match"] = set(loaded) == set(weights)
+        result["folder_max_diff"] = max(
+            float((loaded[name] - tensor).abs().max()) for name, tensor in weights.items()
+        )
+        result["folder_experts"] = [loaded[name].shape[0] for name in sorted(experts)]
+        # Weights-only onto another mesh: a TransformersModel in one process loads the folder.
+        single = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu")
+        single.load(path)
+        result["single_load_max_diff"] = max(
+            float((single.model.state_dict()[name] - tensor).abs().max())
+            for name, tensor in weights.items()
+        )
+    for key, only_model in (("resumed", False), ("resumed_weights_only", True)):
+        resumed = model_with(3)  # other weights: the resume must replace every one
+        resumed.resume_from_checkpoint(path, resume_only_model=only_model)
+        result[key] = [step(resumed, rows) for rows in rows_per_step[1:]]
+    if mesh.size("fsdp") > 1:  # the same ranks without EP: the optimizer state does not fit
+        dense = DeviceMesh.from_sizes(fsdp_size=dist.get_world_size(), device_type="cpu")
+        other = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=dense)
+        other.set_optimizer("AdamW", lr=1e-2)
+        try:
+            other.resume_from_checkpoint(path)
+            result["other_layout_error"] = None
+        except CheckpointError as error:
+            result["other_layout_error"] = str(error)
+    return result
+
+
+def adapter_checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
+    """A LoRA adapter (dense modules: experts are not adapted under EP) saved after 1 step
+    and resumed by a fresh model: its second-step loss against the uninterrupted run's."""
+    rows_per_step = batches(SMALL["vocab_size"])[:2]
+
+    def model_with(seed: int) -> TransformersModel:
+        torch.manual_seed(seed)
+        model = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=mesh)
+        init_routers(model, 2)
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"])
+        model.add_adapter_to_model("default", config)
+        model.set_optimizer("AdamW", lr=1e-2)
+        return model
+
+    def step(model: TransformersModel, rows: list) -> float:
+        model.forward_backward(rows[mesh.get_slice(len(rows))])
+        model.clip_grad_and_step(1.0)
+        return model.calculate_metric()["loss"]
+
+    model = model_with(2)
+    step(model, rows_per_step[0])
+    path = Path(model.save("lora", folder))
+    lora = {k: v.clone() for k, v in full_model_state_dict(model.model).items() if "lora_" in k}
+    result = {"loss": step(model, rows_per_step[1])}
+    if dist.get_rank() == 0:
+        saved = load_file(path / "adapter_model.safetensors")
+        named = {k.replace(".default.", ".", 1): v for k, v in lora.items()}
+        result["adapter_keys_match"] = set(saved) == set(named) and len(saved) == 12
+        result["adapter_max_diff"] = max(float((saved[k] - named[k]).abs().max()) for k in saved)
+    resumed = model_with(3)  # another adapter initialisation: the resume must replace it
+    resumed.resume_from_checkpoint(path)
+    result["resumed_loss"] = step(resumed, rows_per_step[1])
+    return result
+
+
 def model_case(mesh: DeviceMesh) -> dict:
     reference, parallel = train_model(None), train_model(mesh)
     diffs = [
@@ -193,7 +301,10 @@ def main(out: Path) -> None:
     world = dist.get_world_size()
     if world == 4:
         mesh = DeviceMesh.from_sizes(world_size=4, ep_size=2, ep_fsdp_size=2, device_type="cpu")
-        result = {"model_ep_fsdp": model_case(mesh)}
+        result = {
+            "model_ep_fsdp": model_case(mesh),
+            "checkpoint_ep_fsdp": checkpoint_case(mesh, out / "ep_fsdp"),
+        }
     else:
         # dp=2: DDP, experts stay whole and sync_expert_gradients reduces them; with
         # world_size=2 EP folds into fsdp=2: FSDP2 shards the dense model and the experts.
@@ -207,6 +318,9 @@ def main(out: Path) -> None:
             "model_ep_sp": model_case(
                 DeviceMesh.from_sizes(world_size=2, ep_size=2, ulysses_size=2, device_type="cpu")
             ),
+            "checkpoint_ep": checkpoint_case(fsdp_mesh, out / "fsdp"),
+            "checkpoint_ep_ddp": checkpoint_case(mesh, out / "ddp"),
+            "adapter_checkpoint_ep": adapter_checkpoint_case(fsdp_mesh, out / "lora"),
         }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     dist.destroy_process_group()

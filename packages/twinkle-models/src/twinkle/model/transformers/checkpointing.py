@@ -8,6 +8,10 @@ written in a temporary sibling and renamed into place, by rank 0, once every ran
 written its files (``shared_atomic_folder``). Under FSDP2 the weights are gathered into
 one Hugging Face / peft folder (loadable on any mesh, or none) and the optimizer state is
 saved sharded with torch.distributed.checkpoint (resumable on a mesh of as many ranks).
+Under expert parallel (with DDP or FSDP2) the folder holds every expert whole, gathered
+from the EP ranks, and loading cuts each rank's experts back out of it
+(``moe.expert_checkpoint``); the optimizer state goes through
+torch.distributed.checkpoint as under FSDP2.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 
 from twinkle.infra import remote_function
 from twinkle.model.checkpoint import (
@@ -31,7 +34,6 @@ from twinkle.model.checkpoint import (
     CheckpointRecord,
     check_consumed_train_samples,
     check_name,
-    full_weight_files,
     library_versions,
     load_state_dict,
     read_record,
@@ -42,8 +44,14 @@ from twinkle.model.checkpoint import (
 from twinkle.model.rng_state import capture_rng_state, restore_rng_state
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.merge import merged_state_dict
+from twinkle.model.transformers.moe import gather_expert_weights
+from twinkle.model.transformers.moe.expert_checkpoint import (
+    local_expert_weights,
+    uses_expert_parallel,
+)
 from twinkle.model.transformers.strategy import ParallelPlan
 from twinkle.model.transformers.strategy.state_dict import (
+    check_sharded_optimizer,
     full_model_state_dict,
     load_full_model_state_dict,
     load_sharded_optimizer,
@@ -53,6 +61,7 @@ from twinkle.model.transformers.weights import (
     load_adapter_weights,
     load_full_weights,
     read_adapter_weights,
+    read_full_weights,
     save_adapter,
     save_full,
 )
@@ -108,9 +117,13 @@ class CheckpointingMixin:
         )
         rng = capture_rng_state(self.device.type)
         plan = self._distributed_plan()
-        sharded = plan is not None and plan.sharded
-        # A collective: the whole tensors arrive on rank 0, the writer.
+        sharded = self._sharded_checkpoint()
+        # Collectives: the whole tensors (every expert too) arrive on rank 0, the writer.
         weights = full_model_state_dict(self.model) if sharded else None
+        if sharded and record.kind == "full" and uses_expert_parallel(self.model):
+            experts = gather_expert_weights(self.model)
+            if weights:  # rank 0's; the other ranks' dicts are empty
+                weights.update(experts)
         with shared_atomic_folder(
             final, marker=TRAINER_STATE, overwrite=overwrite, distributed=plan is not None
         ) as (folder, writer):
@@ -139,6 +152,13 @@ class CheckpointingMixin:
         """The parallel plan when the model runs on several ranks, else None."""
         plan = getattr(self, "_plan", None)
         return plan if plan is not None and plan.distributed else None
+
+    def _sharded_checkpoint(self) -> bool:
+        """Whether this rank holds only part of the weights (FSDP2, expert parallel): the
+        weights are gathered to save and cut to load, the optimizer state goes through
+        torch.distributed.checkpoint."""
+        plan = self._distributed_plan()
+        return plan is not None and (plan.sharded or uses_expert_parallel(self.model))
 
     def _rank(self) -> int:
         return dist.get_rank() if self._distributed_plan() is not None else 0
@@ -210,11 +230,12 @@ class CheckpointingMixin:
         """
         state = self._state(adapter_name)
         plan = self._distributed_plan()
-        if plan is not None and plan.sharded:
+        if self._sharded_checkpoint():
             raise NotImplementedError(
-                "merge_and_export of a model sharded by FSDP is not supported: save() the "
-                "adapter (one peft folder), then merge it in one process with "
-                "TransformersModel(base).add_adapter_to_model(name, folder).merge_and_export(...)"
+                "merge_and_export of a model sharded by FSDP or expert parallel is not "
+                "supported: save() the adapter (one peft folder), then merge it in one "
+                "process with TransformersModel(base).add_adapter_to_model(name, folder)"
+                ".merge_and_export(...)"
             )
         weights = None if state.name == FULL_MODEL else merged_state_dict(self.model, state.name)
         distributed = plan is not None
@@ -285,22 +306,22 @@ class CheckpointingMixin:
         own_rng = folder / rng_file(self._rank())
         rng = load_state_dict(own_rng if own_rng.is_file() else folder / RNG_FILE)
         saved = {"rng": rng, "optimizer": None, "scheduler": None}
-        plan = self._distributed_plan()
-        sharded = plan is not None and plan.sharded
+        sharded = self._sharded_checkpoint()
         if record.optimizer is not None and (record.optimizer_ranks is not None or sharded):
             ranks = dist.get_world_size() if sharded else 1
             if record.optimizer_ranks != ranks:
                 saved_on = (
                     "one process or DDP (optimizer.pt)"
                     if record.optimizer_ranks is None
-                    else f"{record.optimizer_ranks} FSDP ranks"
+                    else f"{record.optimizer_ranks} FSDP / expert-parallel ranks"
                 )
-                here = f"{ranks} FSDP ranks" if sharded else "one process or DDP"
+                here = f"{ranks} FSDP / expert-parallel ranks" if sharded else "one process or DDP"
                 raise CheckpointError(
                     f"{folder} holds optimizer state saved on {saved_on}, and this run is on "
                     f"{here}: resume on the mesh it was saved on, or pass "
                     f"resume_only_model=True to restore the weights alone"
                 )
+            check_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
             saved["optimizer"] = SHARDED
         elif record.optimizer is not None:
             saved["optimizer"] = load_state_dict(folder / OPTIMIZER_FILE)
@@ -318,8 +339,7 @@ class CheckpointingMixin:
     def _load_checkpoint_weights(
         self, folder: Path, record: CheckpointRecord, target: str
     ) -> TrainState:
-        plan = self._distributed_plan()
-        if plan is not None and plan.sharded and target in self._states:
+        if self._sharded_checkpoint() and target in self._states:
             self._load_sharded_weights(folder, target)
         elif target == FULL_MODEL:
             load_full_weights(self._hf_model(), folder)
@@ -333,9 +353,7 @@ class CheckpointingMixin:
         """Whole tensors from the folder into the shards of this rank (every rank reads)."""
         current = set(self.model.state_dict())
         if target == FULL_MODEL:
-            weights: dict[str, torch.Tensor] = {}
-            for name in full_weight_files(folder):
-                weights.update(load_file(folder / name))
+            weights = read_full_weights(folder)
             unexpected = sorted(set(weights) - current)
             if unexpected:
                 raise CheckpointError(
@@ -343,6 +361,7 @@ class CheckpointingMixin:
                     f"was saved from another architecture; build the model from it with "
                     f"TransformersModel(model_id={str(folder)!r})"
                 )
+            weights = local_expert_weights(self.model, weights)
         else:
             saved = read_adapter_weights(self.model, target, folder)
             # peft saves 'lora_A.weight' for the module key 'lora_A.<adapter>.weight'.

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from twinkle.model.checkpoint import ADAPTER_FILES, CheckpointError, full_weight_files
+from twinkle.model.transformers.moe.expert_checkpoint import fuse_expert_weights
 
 TOKENIZER_PATTERNS = (
     "tokenizer*",
@@ -127,6 +128,15 @@ def save_full(
                 shutil.copy2(path, folder / path.name)
 
 
+def read_full_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a full model folder, named as the model in memory names them (the
+    per-expert tensors ``save_pretrained`` writes fused back into the MoE parameters)."""
+    weights: dict[str, torch.Tensor] = {}
+    for name in full_weight_files(folder):
+        weights.update(load_file(folder / name))
+    return fuse_expert_weights(weights)
+
+
 def load_full_weights(model: PreTrainedModel, folder: Path) -> None:
     """Copy the weights of a full model folder into ``model`` in place.
 
@@ -134,18 +144,16 @@ def load_full_weights(model: PreTrainedModel, folder: Path) -> None:
     (``lm_head.weight`` sharing the embedding, for instance).
     """
     current = model.state_dict()
-    loaded: set[str] = set()
-    for name in full_weight_files(folder):
-        shard = load_file(folder / name)
-        unexpected = sorted(set(shard) - set(current))
-        if unexpected:
-            raise CheckpointError(
-                f"{folder / name} holds tensors this model lacks ({', '.join(unexpected[:5])}): "
-                f"it was saved from another architecture or layout; build the model from it "
-                f"with TransformersModel(model_id={str(folder)!r})"
-            )
-        model.load_state_dict(shard, strict=False)
-        loaded.update(shard)
+    weights = read_full_weights(folder)
+    unexpected = sorted(set(weights) - set(current))
+    if unexpected:
+        raise CheckpointError(
+            f"{folder} holds tensors this model lacks ({', '.join(unexpected[:5])}): "
+            f"it was saved from another architecture or layout; build the model from it "
+            f"with TransformersModel(model_id={str(folder)!r})"
+        )
+    model.load_state_dict(weights, strict=False)
+    loaded = set(weights)
     saved_storage = {current[k].untyped_storage().data_ptr() for k in loaded}
     missing = [
         k

@@ -4,7 +4,9 @@ Saving gathers every parameter to a full CPU tensor on rank 0, which writes the
 Hugging Face / peft folder from it; loading hands each rank the full tensors and keeps
 its own shards, so weights saved on one mesh load on any other. Optimizer state stays
 sharded and goes through ``torch.distributed.checkpoint`` (one file per rank), which
-restores it on the same mesh.
+restores it on the same mesh. Under expert parallel each EP rank's expert state is
+saved under names of its own (``moe.expert_checkpoint``), so it resumes with the same
+ep_size.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+from twinkle.model.checkpoint import CheckpointError
+from twinkle.model.transformers.moe.expert_checkpoint import qualify_expert_keys
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -42,13 +47,37 @@ def save_sharded_optimizer(
     model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
 ) -> None:
     """Write the optimizer state with torch.distributed.checkpoint (a collective)."""
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=folder)
+    state = get_optimizer_state_dict(model, optimizer)
+    qualify_expert_keys(model, state)
+    dcp.save({"optimizer": state}, checkpoint_id=folder)
+
+
+def check_sharded_optimizer(
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
+) -> None:
+    """Every parameter ``optimizer`` steps has state in ``folder``, checked before a resume
+    changes anything: another expert-parallel layout names the experts' state otherwise,
+    and torch.distributed.checkpoint's own error would not say why."""
+    state = get_optimizer_state_dict(model, optimizer)
+    qualify_expert_keys(model, state)
+    saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    prefixes = {name.rsplit(".", 1)[0] for name in saved}
+    missing = [name for name in state["state"] if f"optimizer.state.{name}" not in prefixes]
+    if missing:
+        raise CheckpointError(
+            f"{folder} holds no optimizer state for {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}: it was saved with another expert-parallel "
+            f"layout (ep_size) or other trainable parameters; resume on the mesh it was saved "
+            f"on, or pass resume_only_model=True to restore the weights alone"
+        )
 
 
 def load_sharded_optimizer(
     model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
 ) -> None:
     """Restore what ``save_sharded_optimizer`` wrote, on the same mesh (a collective)."""
-    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=folder)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    state = get_optimizer_state_dict(model, optimizer)
+    qualify_expert_keys(model, state)
+    dcp.load({"optimizer": state}, checkpoint_id=folder)
+    qualify_expert_keys(model, state, undo=True)
+    set_optimizer_state_dict(model, optimizer, state)
