@@ -7,6 +7,7 @@ patched differently, and applying it twice changes nothing the second time.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from torch import nn
@@ -17,7 +18,7 @@ APPLIED = "_twinkle_patches"
 """Attribute of a patched model: the names of the patches applied to it."""
 
 
-class Patch:
+class Patch(ABC):
     """Base class: ``applies_to(model)`` says whether the model has what the patch fixes;
     ``apply(model)`` patches it once (later calls return False and change nothing).
 
@@ -31,11 +32,13 @@ class Patch:
     def name(self) -> str:
         return type(self).__name__
 
+    @abstractmethod
     def applies_to(self, model: nn.Module) -> bool:
-        raise NotImplementedError
+        """Whether ``model`` has the layers this patch fixes."""
 
+    @abstractmethod
     def _patch(self, model: nn.Module) -> None:
-        raise NotImplementedError
+        """Change ``model``'s module instances; called once per model."""
 
     def is_applied(self, model: nn.Module) -> bool:
         return self.name in getattr(model, APPLIED, ())
