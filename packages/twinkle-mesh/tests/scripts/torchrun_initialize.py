@@ -4,6 +4,7 @@ Usage: torchrun --nproc_per_node=2 torchrun_initialize.py OUT_DIR
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,9 +32,12 @@ def main(out_dir: Path) -> None:
         "placement_marks_this_rank": f"\n{rank}* " in get_device_placement(),
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-    # NOTE: gloo aborts a rank that tears down while its peer is still using the group.
+    # NOTE: gloo's teardown can abort a rank ("terminate called without an active
+    # exception") when its peer closes the sockets first, even after a barrier. Once both
+    # ranks have written their results the process has nothing left to do, so it leaves
+    # without running the C++ destructors.
     dist.barrier()
-    dist.destroy_process_group()
+    os._exit(0)
 
 
 if __name__ == "__main__":
