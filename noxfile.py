@@ -23,6 +23,7 @@ TEST_EXTRAS = {
     "data": ["modelscope"],
     "models": ["ray", "megatron"],
     "rl": ["ray"],
+    "kit": ["client"],
 }
 # The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
 UV = (sys.executable, "-m", "uv")
