@@ -1,9 +1,9 @@
 """twinkle.initialize, the recorded state, the placement table, and the top-level package."""
 
+import os
 import random
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -85,10 +85,11 @@ def test_seed_makes_random_numpy_and_torch_reproducible():
     assert all(a != b for a, b in zip(first, other, strict=True))
 
 
-def test_http_says_it_is_not_implemented():
+def test_http_refuses_unknown_options_before_joining_ray():
+    # The Ray side of http mode is tested in twinkle-server's tests/test_http_mode.py.
     groups = [DeviceGroup(name="model", ranks=2, device_type="cpu")]
-    with pytest.raises(NotImplementedError, match=r"HTTP mode \(the twinkle-server service\)"):
-        twinkle.initialize("http", groups=groups, nproc_per_node=2)
+    with pytest.raises(TypeError, match=r"initialize\('http'\) got unexpected options \['port'\]"):
+        twinkle.initialize("http", groups=groups, port=8000)
     assert get_mode() == "local" and get_device_groups() == []
 
 
@@ -188,27 +189,17 @@ def test_import_twinkle_is_torch_free_and_exports_the_documented_names():
     assert done.returncode == 0, done.stderr
 
 
-def test_init_tinker_client_names_the_distribution_when_missing(monkeypatch):
+def test_init_tinker_client_needs_no_twinkle_client(monkeypatch):
     monkeypatch.setitem(sys.modules, "twinkle_client", None)
-    with pytest.raises(ImportError, match="pip install twinkle-client"):
-        from twinkle import init_tinker_client  # noqa: F401
-
-
-def test_init_tinker_client_asks_for_an_upgrade_when_the_name_is_missing(monkeypatch):
-    monkeypatch.setitem(sys.modules, "twinkle_client", types.ModuleType("twinkle_client"))
-    with pytest.raises(
-        ImportError, match="has no init_tinker_client: pip install -U twinkle-client"
-    ):
-        twinkle.init_tinker_client  # noqa: B018
-
-
-def test_init_tinker_client_resolves_from_twinkle_client(monkeypatch):
-    fake = types.ModuleType("twinkle_client")
-    fake.init_tinker_client = lambda **kwargs: ("client", kwargs)
-    monkeypatch.setitem(sys.modules, "twinkle_client", fake)
+    for name in ("TINKER_BASE_URL", "TINKER_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TWINKLE_SERVER_URL", "http://h:1/")
+    monkeypatch.setenv("TWINKLE_SERVER_TOKEN", "tml-abc")
     from twinkle import init_tinker_client
 
-    assert init_tinker_client(base_url="http://x") == ("client", {"base_url": "http://x"})
+    init_tinker_client()
+    assert os.environ["TINKER_BASE_URL"] == "http://h:1"
+    assert os.environ["TINKER_API_KEY"] == "tml-abc"
 
 
 def test_unknown_attributes_are_attribute_errors():

@@ -1,7 +1,9 @@
-"""``mode: ray``: the same routes, with the model built on a Ray device group's worker."""
+"""``mode: ray``: the same routes, with the model and the sampler built on the workers of
+their own Ray device groups."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -12,7 +14,11 @@ from twinkle.server.auth import create_key
 from twinkle.server.config import ServerConfig
 from twinkle.server.state import build_state
 
+MODEL_ID = "bundled://tiny-qwen3"
 FEATURE = {"input_ids": [1, 2, 3, 4, 5, 6], "labels": [-100, -100, 3, 4, 5, 6]}
+PROMPTS = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in (1, 2)]
+PARAMS = {"max_tokens": 6, "seed": 3, "logprobs": 1}
+LOGPROB_TOLERANCE = 1e-5  # the same kernels on the same CPU: equal up to float rounding
 
 
 def test_ray_mode_needs_the_groups_it_places_components_on(tmp_path):
@@ -38,9 +44,12 @@ def ray_server(tmp_path_factory):
     config = ServerConfig.model_validate(
         {
             "mode": "ray",
-            "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 2, "device": "cpu"},
-            "sampler": {"enabled": False},
-            "device_groups": [{"name": "model", "ranks": 1, "device_type": "cpu"}],
+            "model": {"model_id": MODEL_ID, "max_loras": 3, "device": "cpu"},
+            "sampler": {"enabled": True, "kind": "torch"},
+            "device_groups": [
+                {"name": "model", "ranks": 1, "device_type": "cpu"},
+                {"name": "sampler", "ranks": 1, "device_type": "cpu"},
+            ],
             "storage": {"home": str(home)},
         }
     )
@@ -90,3 +99,60 @@ def test_training_saving_and_loading_through_a_ray_worker(ray_server):
     ok(fresh, "load", path=path)
     assert ok(fresh, "forward_only", inputs=[FEATURE])["loss"] == pytest.approx(saved, abs=1e-6)
     assert http.get("/api/v1/capacity", headers=headers).json()["used_loras"] == 2
+
+
+def _sequences(responses) -> list[dict]:
+    return [seq for response in responses for seq in response["sequences"]]
+
+
+def _assert_same_samples(remote: list[dict], local: list[dict]) -> None:
+    assert [s["tokens"] for s in remote] == [s["tokens"] for s in local]
+    for r, loc in zip(remote, local, strict=True):
+        remote_logps = [pairs[0][1] for pairs in r["logprobs"]]
+        local_logps = [pairs[0][1] for pairs in loc["logprobs"]]
+        assert remote_logps == pytest.approx(local_logps, abs=LOGPROB_TOLERANCE)
+
+
+def test_sampling_on_the_sampler_group_equals_sampling_in_process(ray_server):
+    from safetensors.torch import load_file
+
+    from twinkle.sampler import TorchSampler
+
+    state, http, headers = ray_server
+    assert type(state.sampler.sampler).__name__ != "TorchSampler"  # a remote proxy
+
+    def sample(**extra) -> list[dict]:
+        body = {"inputs": PROMPTS, "sampling_params": PARAMS, **extra}
+        response = http.post("/api/v1/twinkle/sampler/sample", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        return response.json()["result"]["sequences"]
+
+    # A tuned adapter, saved: the sampler worker loads it from its checkpoint.
+    session = http.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
+    body = {"session_id": session, "config": {"r": 4}}
+    added = http.post("/api/v1/twinkle/model/add_adapter_to_model", json=body, headers=headers)
+    run = added.json()["result"]["training_run_id"]
+    for method, args in (
+        ("set_optimizer", {"optimizer_cls": "AdamW", "lr": 5e-2}),
+        ("forward_backward", {"inputs": [FEATURE]}),
+        ("step", {}),
+        ("save", {"name": "for-sampler"}),
+    ):
+        body = {"training_run_id": run, "args": args}
+        response = http.post(f"/api/v1/twinkle/model/{method}", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+    uri = response.json()["result"]
+    (folder,) = state.home.glob("checkpoints/*/*/weights/for-sampler")
+
+    local = TorchSampler(MODEL_ID, device="cpu", seed=state.config.model.seed)
+    local.set_template("Template")
+    base = _sequences(r.to_dict() for r in local.sample(PROMPTS, PARAMS))
+    config = json.loads((folder / "adapter_config.json").read_text())
+    local.load_lora("tuned", config, load_file(str(folder / "adapter_model.safetensors")))
+    tuned = _sequences(r.to_dict() for r in local.sample(PROMPTS, PARAMS, adapter_name="tuned"))
+
+    _assert_same_samples(sample(), base)
+    _assert_same_samples(sample(adapter_uri=uri), tuned)
+    base_logps = [pairs[0][1] for pairs in base[0]["logprobs"]]
+    tuned_logps = [pairs[0][1] for pairs in tuned[0]["logprobs"]]
+    assert base_logps != pytest.approx(tuned_logps, abs=1e-3)  # the adapter really applies

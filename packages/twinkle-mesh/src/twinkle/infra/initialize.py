@@ -13,6 +13,9 @@ import numpy as np
 
 from twinkle.infra.state import MODES, set_state
 from twinkle.mesh import DeviceGroup, DeviceMesh, Platform, validate_device_groups
+from twinkle.utils import get_logger
+
+logger = get_logger(__name__)
 
 
 def initialize(
@@ -51,7 +54,12 @@ def initialize(
     get data parallel over their workers. Calling ``initialize`` again stops the
     previous groups' workers.
 
-    ``'http'`` is not implemented yet and raises NotImplementedError.
+    ``'http'`` is the server side of the HTTP service: it attaches to Ray like ``'ray'``
+    (same ``address`` and ``ray_init_kwargs``) and checks that the cluster can hold every
+    group, but reserves nothing: ``twinkle.server.launch()`` (twinkle-server) then reads
+    the recorded mode and groups and deploys the service on Ray Serve, whose ingress builds
+    the model and sampler on their groups (data parallel over each group's workers, so no
+    ``global_device_mesh``). Components built in this process stay local.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(map(repr, MODES))}")
@@ -59,8 +67,9 @@ def initialize(
     _check_arguments(nproc_per_node, global_device_mesh, lazy_collect, seed)
     if "twinkle.infra.ray_runtime" in sys.modules:  # leave no workers of an earlier run behind
         sys.modules["twinkle.infra.ray_runtime"].shutdown()
-    if mode == "ray":
-        _start_ray(device_groups, nproc_per_node, global_device_mesh, lazy_collect, kwargs)
+    if mode in ("ray", "http"):
+        start = _start_ray if mode == "ray" else _attach_ray_for_http
+        start(device_groups, nproc_per_node, global_device_mesh, lazy_collect, kwargs)
         if seed is not None:
             _seed_everything(seed)
         set_state(
@@ -70,11 +79,6 @@ def initialize(
             lazy_collect=lazy_collect,
         )
         return
-    if mode == "http":
-        raise NotImplementedError(
-            "HTTP mode (the twinkle-server service) is not implemented yet; "
-            "use twinkle.initialize('local') under python or torchrun for now"
-        )
     if kwargs:
         raise TypeError(
             f"initialize('local') got unexpected options {sorted(kwargs)}; local mode takes "
@@ -88,6 +92,18 @@ def initialize(
     )
 
 
+def _check_ray_options(mode: str, options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - {"address", "ray_init_kwargs"})
+    if unknown:
+        raise TypeError(
+            f"initialize({mode!r}) got unexpected options {unknown}; {mode} mode takes "
+            "nproc_per_node, groups, global_device_mesh, lazy_collect, seed, address and "
+            "ray_init_kwargs"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError(f"{mode} mode needs Ray: pip install 'twinkle-mesh[ray]'")
+
+
 def _start_ray(
     groups: list[DeviceGroup],
     nproc_per_node: int | None,
@@ -95,15 +111,7 @@ def _start_ray(
     lazy_collect: bool,
     options: dict[str, Any],
 ) -> None:
-    unknown = sorted(set(options) - {"address", "ray_init_kwargs"})
-    if unknown:
-        raise TypeError(
-            f"initialize('ray') got unexpected options {unknown}; ray mode takes "
-            "nproc_per_node, groups, global_device_mesh, lazy_collect, seed, address and "
-            "ray_init_kwargs"
-        )
-    if importlib.util.find_spec("ray") is None:
-        raise ImportError("ray mode needs Ray: pip install 'twinkle-mesh[ray]'")
+    _check_ray_options("ray", options)
     from twinkle.infra import ray_runtime
 
     ray_runtime.start(
@@ -112,6 +120,38 @@ def _start_ray(
         global_device_mesh=mesh,
         lazy_collect=lazy_collect,
         **options,
+    )
+
+
+def _attach_ray_for_http(
+    groups: list[DeviceGroup],
+    nproc_per_node: int | None,
+    mesh: DeviceMesh | None,
+    lazy_collect: bool,
+    options: dict[str, Any],
+) -> None:
+    """Join (or start) the cluster and fail now if a group cannot fit; the server's ingress
+    reserves the groups when it starts, so a bad group never gets as far as a deployment."""
+    _check_ray_options("http", options)
+    if mesh is not None:
+        raise ValueError(
+            "initialize('http') takes no global_device_mesh: the server gives each component "
+            "data parallel over its group's workers; size the groups instead"
+        )
+    import ray
+
+    from twinkle.infra.ray_resources import check_groups_fit
+
+    if not ray.is_initialized():
+        ray.init(address=options.get("address"), **(options.get("ray_init_kwargs") or {}))
+    elif options.get("address") is not None or options.get("ray_init_kwargs"):
+        logger.warning(
+            "this process already joined a Ray cluster, so address and ray_init_kwargs are "
+            "not used; call ray.shutdown() first to join another"
+        )
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    check_groups_fit(
+        groups, ray.cluster_resources(), ray.available_resources(), nodes, nproc_per_node
     )
 
 

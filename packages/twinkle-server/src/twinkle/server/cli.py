@@ -6,7 +6,13 @@ import argparse
 import sys
 import time
 
-from twinkle.server.config import BUNDLED_CONFIG, ServerConfig, dump_config, load_config
+from twinkle.server.config import (
+    BUNDLED_CONFIG,
+    ServerConfig,
+    check_allow_lists,
+    dump_config,
+    load_config,
+)
 
 
 def _config(args: argparse.Namespace) -> ServerConfig:
@@ -15,45 +21,15 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def check_allow_lists(config: ServerConfig) -> list[str]:
-    """Names in the allow-lists that no registry knows (a typo would only fail at request time)."""
-    from twinkle.loss import LOSSES
-    from twinkle.module.optimizer import OPTIMIZERS
-    from twinkle.module.scheduler import LR_SCHEDULERS
-    from twinkle.preprocessor import PREPROCESSORS
-    from twinkle.template.registry import TEMPLATES
-
-    problems = []
-    for what, names, registry in (
-        ("losses", config.allow.losses, LOSSES),
-        ("optimizers", config.allow.optimizers, OPTIMIZERS),
-        ("lr_schedulers", config.allow.lr_schedulers, LR_SCHEDULERS),
-        ("templates", config.allow.templates, TEMPLATES),
-        ("preprocessors", config.allow.preprocessors, PREPROCESSORS),
-    ):
-        problems += [f"allow.{what}: unknown name {n!r}" for n in names if n not in registry]
-    problems += [
-        f"allow.processors: unknown name {n!r}"
-        for n in config.allow.processors
-        if n != "InputProcessor"
-    ]
-    return problems
-
-
 def cmd_launch(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from twinkle.server.app import create_app_from_config
+    from twinkle.server.serve import launch
 
     config = _config(args)
     problems = check_allow_lists(config)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 2
-    app = create_app_from_config(config)
-    uvicorn.run(
-        app, host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=5
-    )
+    launch(config)
     return 0
 
 
@@ -121,7 +97,9 @@ def parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    launch = command("launch", cmd_launch, "serve")
+    launch = command(
+        "launch", cmd_launch, "serve (mode: embedded or ray on uvicorn, http on Ray Serve)"
+    )
     launch.add_argument("--host", default=None)
     launch.add_argument("--port", type=int, default=None)
     command("check-config", cmd_check, "validate a config file")

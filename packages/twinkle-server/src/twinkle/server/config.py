@@ -107,10 +107,23 @@ class DeviceGroupConfig(_Strict):
     device_type: str = "cpu"
 
 
+class ServeConfig(_Strict):
+    """``mode: http``: the Ray Serve ingress that runs the FastAPI app (one replica: see
+    ``twinkle.server.serve``)."""
+
+    max_ongoing_requests: int = Field(default=256, ge=1)
+    """Requests the replica takes at once; Serve's default (5) would queue one tenant's
+    long calls in front of every other tenant's at the proxy."""
+    num_cpus: float = Field(default=0.0, ge=0)
+    """CPUs the ingress reserves; it only routes and encodes, the groups hold the compute."""
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    mode: Literal["embedded", "ray"] = "embedded"
+    mode: Literal["embedded", "ray", "http"] = "embedded"
+    """``embedded``: everything in the uvicorn process. ``ray``: uvicorn here, the model and
+    sampler on Ray device groups. ``http``: the same components, behind a Ray Serve ingress."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     processor_enabled: bool = True
@@ -119,10 +132,11 @@ class ServerConfig(_Strict):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     device_groups: list[DeviceGroupConfig] = Field(default_factory=list)
     ray_init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @model_validator(mode="after")
     def _groups_for_ray(self) -> ServerConfig:
-        if self.mode != "ray":
+        if self.mode == "embedded":
             return self
         names = {group.name for group in self.device_groups}
         needed = {self.model.remote_group} | (
@@ -131,7 +145,8 @@ class ServerConfig(_Strict):
         missing = sorted(needed - names)
         if missing:
             raise ValueError(
-                f"mode: ray places components on device_groups; add groups named {missing} "
+                f"mode: {self.mode} places components on device_groups; add groups named "
+                f"{missing} "
                 "(e.g. {name: model, ranks: 1, device_type: cpu})"
             )
         return self
@@ -140,6 +155,12 @@ class ServerConfig(_Strict):
 def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfig:
     """Read and check a YAML config (the bundled CPU one when ``path`` is None); top-level
     ``overrides`` that are not None (``host``, ``port``) replace the file's values."""
+    return ServerConfig.model_validate(read_config_data(path, **overrides))
+
+
+def read_config_data(path: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+    """The YAML mapping with ``overrides`` applied, not yet checked (a launcher may add the
+    device groups ``twinkle.initialize`` recorded before it checks)."""
     source = Path(path) if path is not None else BUNDLED_CONFIG
     if not source.is_file():
         raise FileNotFoundError(f"config file {source} does not exist")
@@ -147,8 +168,33 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> ServerConfi
     if not isinstance(data, dict):
         raise ValueError(f"{source}: the config must be a YAML mapping, got {type(data).__name__}")
     data.update({key: value for key, value in overrides.items() if value is not None})
-    return ServerConfig.model_validate(data)
+    return data
 
 
 def dump_config(config: ServerConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def check_allow_lists(config: ServerConfig) -> list[str]:
+    """Names in the allow-lists that no registry knows (a typo would only fail at request time)."""
+    from twinkle.loss import LOSSES
+    from twinkle.module.optimizer import OPTIMIZERS
+    from twinkle.module.scheduler import LR_SCHEDULERS
+    from twinkle.preprocessor import PREPROCESSORS
+    from twinkle.template.registry import TEMPLATES
+
+    problems = []
+    for what, names, registry in (
+        ("losses", config.allow.losses, LOSSES),
+        ("optimizers", config.allow.optimizers, OPTIMIZERS),
+        ("lr_schedulers", config.allow.lr_schedulers, LR_SCHEDULERS),
+        ("templates", config.allow.templates, TEMPLATES),
+        ("preprocessors", config.allow.preprocessors, PREPROCESSORS),
+    ):
+        problems += [f"allow.{what}: unknown name {n!r}" for n in names if n not in registry]
+    problems += [
+        f"allow.processors: unknown name {n!r}"
+        for n in config.allow.processors
+        if n != "InputProcessor"
+    ]
+    return problems
