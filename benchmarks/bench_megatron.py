@@ -11,10 +11,11 @@ CUDA-bound calls redirected), with gloo and float32.
    folder as the baseline. Medians of ``--rounds`` runs; the round trip is checked exact.
 2. **Step time**: one ``forward_backward`` + ``clip_grad_and_step`` on a 4-row batch of the
    bundled self-cognition set, on a Qwen3-shaped model (hidden 256, 4 layers, ~5M), for
-   TransformersModel (1 process), MegatronModel tp1 (1 process) and tp2, pp2, dp2 (2
-   processes under torchrun, OMP_NUM_THREADS=1 each). Median over ``--steps`` steps after
-   a warm-up; the ratio is against TransformersModel. The CPU patches hook every torch
-   call of the Megatron runs (a TorchFunctionMode), which TransformersModel does not pay.
+   TransformersModel (1 process), MegatronModel tp1 (1 process) and tp2, tp2 with sequence
+   parallel, pp2, dp2 (2 processes under torchrun, OMP_NUM_THREADS=1 each). Median over
+   ``--steps`` steps after a warm-up; the ratio is against TransformersModel. The CPU
+   patches hook every torch call of the Megatron runs (a TorchFunctionMode), which
+   TransformersModel does not pay.
 
     .venv/bin/python benchmarks/bench_megatron.py [--rounds 3] [--steps 5]
 """
@@ -64,6 +65,7 @@ LAYOUTS = {
     "transformers": (1, {}),
     "megatron tp1": (1, {}),
     "megatron tp2": (2, {"tp_size": 2}),
+    "megatron tp2+sp": (2, {"tp_size": 2, "sequence_parallel": True}),
     "megatron pp2": (2, {"pp_size": 2}),
     "megatron dp2": (2, {"dp_size": 2}),
 }

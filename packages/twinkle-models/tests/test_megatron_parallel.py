@@ -96,6 +96,16 @@ def test_grpo_loss_with_advantages_matches_transformers_model(single):
     assert losses[1] != losses[0]  # the policy moved
 
 
+def test_packed_batches_match_transformers_model_in_the_packed_layout(single):
+    packed = single["packed"]
+    # two cross-entropy steps, then a GRPO step with packed old_logps and per-sequence
+    # advantages
+    assert packed["losses"] == pytest.approx(packed["reference_losses"], abs=LOSS_TOL)
+    assert abs(packed["losses"][0] - packed["reference_losses"][0]) < FIRST_LOSS_TOL
+    assert packed["logps_shape"] == packed["input_shape"]  # [1, total], as the input
+    assert packed["logps_max_diff"] < LOGIT_TOL
+
+
 def test_forward_only_without_labels_gives_no_loss(single):
     assert single["no_labels"] == {"loss": None, "logps_numel": 0}
 
@@ -116,7 +126,6 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(single):
         ("optimizer_kwarg", "['foo']"),
         ("adapter", "add the adapter before setting the optimizer"),
         ("left_padding", "needs right padding"),
-        ("packed", "padding_free=False"),
         ("micro_batch", "micro_batch_size=3"),
         ("world", "covers 2 ranks"),
         ("no_tokens", "no label tokens"),

@@ -48,7 +48,8 @@ def test_mesh_maps_onto_megatron_sizes():
         ({"pp_size": 4}, "4 pipeline stages but the model has only 2 layers"),
         ({"pp_size": 2, "vpp_size": 2}, "4 pipeline stages but the model has only 2 layers"),
         ({"dp_size": 2, "ep_size": 2}, "needs a mixture-of-experts model; qwen3 is dense"),
-        ({"tp_size": 2, "sequence_parallel": True}, "drop sequence_parallel"),
+        ({"sequence_parallel": True}, "needs tp_size >= 2"),  # the DeviceMesh refuses it
+        ({"dp_size": 2, "etp_size": 2}, "etp_size=2 needs a mixture-of-experts model"),
         ({"cp_size": 2}, "context parallel runs only in Transformer Engine's attention"),
     ],
 )
@@ -70,10 +71,15 @@ def test_moe_layouts_and_routing(qwen3):
     _layout(dp_size=2, ep_size=2).check_model(moe)
     with pytest.raises(ValueError, match="ep_size=8 does not divide the model's 4 experts"):
         _layout(dp_size=8, ep_size=8).check_model(moe)
-    with pytest.raises(ValueError, match="etp_size=2"):
-        _layout(dp_size=4, ep_size=2, etp_size=2).check_model(moe)
-    with pytest.raises(ValueError, match="tp_size=2 with a mixture-of-experts model"):
+    _layout(dp_size=4, ep_size=2, etp_size=2).check_model(moe)
+    _layout(tp_size=2, dp_size=2, ep_size=2, sequence_parallel=True).check_model(moe)
+    with pytest.raises(ValueError, match="etp_size=3 does not divide the experts' width 32"):
+        _layout(dp_size=3, etp_size=3).check_model(moe)
+    with pytest.raises(ValueError, match="ep_size × etp_size = 8 must divide"):  # the mesh's
+        _layout(dp_size=4, ep_size=2, etp_size=4).check_model(moe)
+    with pytest.raises(ValueError, match="requires sequence parallel then; pass sequence_parallel"):
         _layout(tp_size=2, dp_size=2, ep_size=2).check_model(moe)
+    assert _layout(tp_size=2, sequence_parallel=True).expert_tp == 2  # etp follows tp
     spec = gpt_spec(moe, tp=1)
     assert (spec.num_experts, spec.topk, spec.moe_ffn_hidden_size, spec.qk_norm) == (4, 2, 32, True)
     assert spec.pre_softmax is False  # top-k renormalised: Megatron's softmax over the top-k

@@ -125,13 +125,14 @@ def compare_training(model, reference, feats, mesh) -> dict:
     }
 
 
-def equivalence(case: str, feats: list) -> dict:
+def equivalence(case: str, feats: list, make_config=None) -> dict:
     configs = {
         "vpp": four_layer_config,
         "ep2": lambda: moe_config(renormalise=True),
         "pp2ep2": lambda: moe_config(renormalise=False),
     }
-    config = configs[case]() if case in configs else None
+    make_config = configs.get(case, make_config)
+    config = make_config() if make_config is not None else None
     mesh = DeviceMesh.from_sizes(device_type="cpu", **SIZES[case])
     model_id = None if config is not None else MODEL
     model = MegatronModel(
@@ -171,7 +172,7 @@ def logits_diff(model, reference, feats) -> float:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     state = model._state(None)
-    batch = model._collate(feats, state)
+    batch, _, _ = model._collate(feats, state, {})
     chunk = model.chunks[0]
     chunk.eval()
     with torch.no_grad():
@@ -204,15 +205,23 @@ def resume_case(feats: list, folder: Path) -> dict:
     return out
 
 
-def lora_case(feats: list, folder: Path) -> dict:
-    """LoRA trained under tp2; peft on the Hugging Face model reproduces its logps."""
+def lora_case(
+    feats: list,
+    folder: Path,
+    sizes: dict | None = None,
+    model_config=None,
+    targets: str | list[str] = "all-linear",
+) -> dict:
+    """LoRA trained under tp2 (or ``sizes``; on ``model_config`` instead of the bundled model);
+    peft on the Hugging Face model reproduces it."""
     from peft import LoraConfig
 
-    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
-    mesh = DeviceMesh.from_sizes(tp_size=2, device_type="cpu")
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0)
+    mesh = DeviceMesh.from_sizes(device_type="cpu", **(sizes or {"tp_size": 2}))
+    model_id = MODEL if model_config is None else None
 
     def build():
-        model = MegatronModel(MODEL, device_mesh=mesh, device="cpu")
+        model = MegatronModel(model_id, config=model_config, device_mesh=mesh, device="cpu")
         model.add_adapter_to_model("default", config)
         model.set_optimizer("AdamW", lr=1e-2)
         return model
@@ -222,7 +231,7 @@ def lora_case(feats: list, folder: Path) -> dict:
     before = model.forward_only(feats).logps
     initial = model.save("init", folder)
     # The reference trains the same initial adapter with peft on the Hugging Face model.
-    peft_model = TransformersModel(MODEL, device="cpu")
+    peft_model = TransformersModel(model_id, config=model_config, device="cpu")
     peft_model.add_adapter_to_model("default", initial)
     peft_model.set_optimizer("AdamW", lr=1e-2)
     out["losses"], out["reference_losses"] = [], []
@@ -233,7 +242,7 @@ def lora_case(feats: list, folder: Path) -> dict:
         peft_model.clip_grad_and_step(1.0)
     logps = model.forward_only(feats).logps
     out["trained_change"] = max_diff(logps, before)
-    reference = TransformersModel(MODEL, device="cpu")
+    reference = TransformersModel(model_id, config=model_config, device="cpu")
     weights, ref_state = model._hf_weights(), reference.model.state_dict()
     out["base_frozen"] = all(torch.equal(weights[n], ref_state[n]) for n in weights)
     out["configs"] = model.get_train_configs()

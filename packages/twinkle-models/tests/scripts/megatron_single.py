@@ -3,8 +3,8 @@
 Usage: python megatron_single.py OUT_DIR. Writes ``OUT_DIR/single.json`` with the figures
 the test asserts on: losses of the documents' loop (AdamW + the 'default' scheduler) next
 to TransformersModel's, micro-batching, gradient accumulation, the three-call step,
-forward_only without labels, an exact resume, a GRPO step, and the bad inputs that need
-megatron-core.
+forward_only without labels, an exact resume, a GRPO step, packed (padding-free) batches,
+and the bad inputs that need megatron-core.
 A separate process, because the CPU patches and Megatron's parallel state are global.
 """
 
@@ -123,6 +123,33 @@ def main() -> None:
         )
     out["grpo_losses"], out["grpo_reference_losses"] = rl_losses["megatron"], rl_losses["reference"]
 
+    # Packed (padding-free) batches: the same losses and per-token logps, in the packed layout,
+    # as TransformersModel on the same packed row; GRPO's per-token old_logps packed as well.
+    packed = InputProcessor(padding_free=True)(feats)
+    runs = {}
+    for name, model in (
+        ("megatron", setup(MegatronModel(MODEL, device="cpu"), scheduler=False)),
+        ("reference", setup(TransformersModel(MODEL, device="cpu"), scheduler=False)),
+    ):
+        initial_logps = model.forward_only(packed).logps
+        losses = train(model, packed, 2)
+        old_logps = model.forward_only(packed).logps
+        model.set_loss("GRPOLoss", epsilon=0.2)
+        # per token, as TransformersModel takes them on a packed row
+        advantages = torch.repeat_interleave(
+            torch.tensor([1.0, -0.5, 0.5, 0.25]), packed["cu_seq_lens_q"].diff()
+        ).view(1, -1)
+        rl = {"old_logps": old_logps, "advantages": advantages}
+        losses += train(model, packed, 1, **rl)
+        runs[name] = (losses, initial_logps)
+    out["packed"] = {
+        "losses": runs["megatron"][0],
+        "reference_losses": runs["reference"][0],
+        "logps_shape": list(runs["megatron"][1].shape),
+        "input_shape": list(packed["input_ids"].shape),
+        "logps_max_diff": float((runs["megatron"][1] - runs["reference"][1]).abs().max()),
+    }
+
     out["errors"] = {
         "optimizer": error_of(lambda: one.set_optimizer("Adagrad", lr=1e-3)),
         "optimizer_kwarg": error_of(lambda: one.set_optimizer("AdamW", lr=1e-3, foo=1)),
@@ -130,7 +157,6 @@ def main() -> None:
         "left_padding": error_of(
             lambda: one.forward_backward(InputProcessor(padding_side="left")(feats))
         ),
-        "packed": error_of(lambda: one.forward_backward(InputProcessor(padding_free=True)(feats))),
         "micro_batch": error_of(lambda: one.forward_backward(feats, micro_batch_size=3)),
         "world": error_of(
             lambda: MegatronModel(MODEL, device_mesh=DeviceMesh.from_sizes(dp_size=2))

@@ -11,19 +11,14 @@ from twinkle.model.megatron.convert import HFWeightReader, load_hf_weights
 def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage of this rank (one without vpp).
 
-    The local layer spec needs neither Transformer Engine nor apex; the same code
-    runs on GPU, where Transformer Engine is optional.
+    The local layer spec (``layer_spec``) needs neither Transformer Engine nor apex; the
+    same code runs on GPU, where Transformer Engine is optional.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    layer_spec = get_gpt_layer_local_spec(
-        num_experts=spec.num_experts or None,
-        moe_grouped_gemm=False,
-        qk_layernorm=spec.qk_norm,
-        normalization="RMSNorm",
-    )
+    from twinkle.model.megatron.layer_spec import local_block_spec
+
     if spec.num_experts:
         _define_missing_te_gemm()
     vpp = config.virtual_pipeline_model_parallel_size
@@ -32,7 +27,7 @@ def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.
         stage = vp_stage if vpp else None
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=local_block_spec(spec, config, stage),
             vocab_size=spec.padded_vocab_size,
             max_sequence_length=spec.max_positions,
             pre_process=parallel_state.is_pipeline_first_stage(
@@ -46,8 +41,25 @@ def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.
             rotary_base=spec.rope_theta,
             vp_stage=stage,
         )
+        _mark_expert_parameters(chunk, config)
         chunks.append(chunk.to(device))
     return chunks
+
+
+def _mark_expert_parameters(chunk: torch.nn.Module, config) -> None:
+    """NOTE: megatron-core 0.16 marks expert weights as expert-parallel (``allreduce=False``:
+    their gradients are reduced over the expert data-parallel group) only when ep > 1
+    (tensor_parallel/layers.py, ``expert_parallel = expert_model_parallel_size > 1``).
+    With ep = 1 their gradients are reduced over the dense data-parallel group, which is
+    wrong whenever the expert layout differs from the dense one: with etp > 1 it sums
+    different shards of an expert, with tp > 1 and etp = 1 it leaves out the other
+    tensor-parallel ranks' tokens. Marking every expert weight gives the expert
+    data-parallel reduction in all layouts (the same group as the dense one otherwise)."""
+    if not config.num_moe_experts:
+        return
+    for name, param in chunk.named_parameters():
+        if ".mlp.experts." in name:
+            param.allreduce = False
 
 
 def _define_missing_te_gemm() -> None:

@@ -6,8 +6,10 @@ a MegatronModel under any other layout), plus Megatron's training state::
 
     <name>/config.json, model-0000s-of-0000p.safetensors (one file per pipeline stage),
            model.safetensors.index.json, tokenizer files
-    <name>/megatron/layout.json          tp, pp, vpp, cp, ep, dp; optimizer and scheduler
-    <name>/megatron/rank_XXXXX.pt        this rank's optimizer, scheduler and RNG states
+    <name>/megatron/layout.json          tp, pp, vpp, cp, ep, dp, distributed_optimizer;
+                                         optimizer and scheduler classes
+    <name>/megatron/rank_XXXXX.pt        this rank's optimizer (its shard, with the
+                                         distributed optimizer), scheduler and RNG states
     <name>/rng_state.pt, trainer_state.json (written last)
 
 With a LoRA adapter the weights are peft's adapter folder instead
@@ -45,6 +47,7 @@ from twinkle.model.checkpoint import (
     shared_atomic_folder,
     write_record,
 )
+from twinkle.model.megatron.optimizer import load_optimizer_state, optimizer_state
 from twinkle.model.rng_state import capture_rng_state, restore_rng_state
 from twinkle.model.train_state import FULL_MODEL
 from twinkle.model.transformers.weights import TOKENIZER_PATTERNS
@@ -54,6 +57,7 @@ logger = get_logger()
 STATE_DIR = "megatron"
 LAYOUT_FILE = "layout.json"
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "dp")
+DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
 
 
 def _rank_file(folder: Path, rank: int) -> Path:
@@ -66,6 +70,13 @@ def _jsonable(value: Any) -> Any:
 
 class MegatronCheckpointingMixin:
     """save / load / resume_from_checkpoint / export_hf for MegatronModel."""
+
+    def _layout_record(self) -> dict[str, Any]:
+        """What the per-rank optimizer shards depend on: the parallel sizes and whether the
+        optimizer state is sharded over data-parallel ranks."""
+        record = {key: getattr(self.layout, key) for key in LAYOUT_KEYS}
+        record[DISTRIBUTED_OPTIMIZER] = self.use_distributed_optimizer
+        return record
 
     def _hf_weights(self) -> dict[str, torch.Tensor]:
         """This pipeline stage's weights as full Hugging Face tensors (TP gathered)."""
@@ -165,11 +176,6 @@ class MegatronCheckpointingMixin:
         state = self._state(adapter_name)
         final = Path(output_dir).absolute() / check_name(name)
         check_consumed_train_samples(consumed_train_samples)
-        if save_optimizer and state.optimizer is not None and self.use_distributed_optimizer:
-            raise ValueError(
-                "saving the distributed optimizer's sharded state is not supported yet: pass "
-                "save_optimizer=False (the weights are saved in Hugging Face format)"
-            )
         if state.pending_tokens > 0 or state.accumulated_calls > 0:
             logger.warning(
                 f"saving {final} between optimizer steps: the gradients accumulated since the "
@@ -178,11 +184,11 @@ class MegatronCheckpointingMixin:
         optimizer = state.optimizer if save_optimizer else None
         scheduler = state.lr_scheduler if optimizer is not None else None
         rank_state = {
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "optimizer": optimizer_state(optimizer) if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": capture_rng_state(self.device.type),
         }
-        layout = {key: getattr(self.layout, key) for key in LAYOUT_KEYS}
+        layout = self._layout_record()
         layout.update(
             optimizer=type(optimizer).__name__ if optimizer is not None else None,
             lr_scheduler=type(scheduler).__name__ if scheduler is not None else None,
@@ -286,7 +292,7 @@ class MegatronCheckpointingMixin:
             state.optimizer.reload_model_params()
         if saved is not None:
             if saved["optimizer"] is not None:
-                state.optimizer.load_state_dict(saved["optimizer"])
+                load_optimizer_state(state.optimizer, saved["optimizer"])
             if saved["scheduler"] is not None:
                 state.lr_scheduler.load_state_dict(saved["scheduler"])
             state.step, state.accumulated_calls = record.step, record.accumulated_calls
@@ -308,9 +314,12 @@ class MegatronCheckpointingMixin:
                 "not saved by a MegatronModel; pass resume_only_model=True to load its weights"
             )
         saved_layout = json.loads(layout_file.read_text())
-        current = {key: getattr(self.layout, key) for key in LAYOUT_KEYS}
+        # Checkpoints written before the distributed optimizer was recorded used the plain one.
+        saved_layout.setdefault(DISTRIBUTED_OPTIMIZER, False)
         differs = {
-            k: (saved_layout.get(k), v) for k, v in current.items() if saved_layout.get(k) != v
+            k: (saved_layout.get(k), v)
+            for k, v in self._layout_record().items()
+            if saved_layout.get(k) != v
         }
         if differs:
             described = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in differs.items())

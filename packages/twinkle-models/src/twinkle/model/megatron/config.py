@@ -143,7 +143,7 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cud
             moe_router_pre_softmax=spec.pre_softmax,
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
-            expert_tensor_parallel_size=1,
+            expert_tensor_parallel_size=layout.expert_tp,
             # alltoall is the fast path on GPUs; allgather needs no CUDA stream.
             moe_token_dispatcher_type="alltoall" if device_is_cuda else "allgather",
         )

@@ -14,7 +14,8 @@ Layouts (per layer; G key/value groups, h query heads per group, d head dim):
 * ``linear_proj`` and ``linear_fc2`` are row-parallel (split along the input dim).
 * embedding and output rows are padded to the padded vocabulary, then split.
 * norms are replicated.
-* experts (Qwen3-MoE) stay whole, spread over expert-parallel ranks; the router is
+* experts (Qwen3-MoE) are spread over expert-parallel ranks, each split like a dense MLP
+  (fc1 column-, fc2 row-parallel) over the expert-tensor-parallel ranks; the router is
   replicated.
 """
 
@@ -88,7 +89,7 @@ def hf_names_of(name: str, layer_of: dict[int, int], spec: GPTSpec) -> tuple[str
     return kind, names
 
 
-def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec, rank: int, tp: int):
+def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec | None, rank: int, tp: int):
     """Tensor-parallel shard ``rank`` of ``tp`` of the Megatron parameter built from ``tensors``."""
     if kind == "copy":
         return tensors[0]
@@ -119,7 +120,7 @@ def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec, rank: int, t
     raise ValueError(f"unknown layout kind {kind!r}")
 
 
-def from_shards(kind: str, shards: list[torch.Tensor], spec: GPTSpec) -> list[torch.Tensor]:
+def from_shards(kind: str, shards: list[torch.Tensor], spec: GPTSpec | None) -> list[torch.Tensor]:
     """The Hugging Face tensors of one Megatron parameter, from all its tensor-parallel shards."""
     if kind == "copy":
         return [shards[0]]
@@ -168,7 +169,8 @@ def load_hf_weights(
     for name, param in megatron_parameters(gpt_model).items():
         expert = EXPERT.fullmatch(name)
         if expert:
-            shard = _read_expert(read, expert, layer_of, _global_expert(spec, int(expert[2])))
+            whole = _read_expert(read, expert, layer_of, _global_expert(spec, int(expert[2])))
+            shard = _expert_shard(whole, expert[3])
         else:
             kind, hf_names = hf_names_of(name, layer_of, spec)
             shard = to_shard(kind, [read(n) for n in hf_names], spec, tp_rank, tp)
@@ -201,7 +203,7 @@ def gather_hf_weights(
         expert = EXPERT.fullmatch(name)
         if expert:
             key = (layer_of[int(expert[1])], expert[3])
-            experts.setdefault(key, {})[int(expert[2])] = param.detach()
+            experts.setdefault(key, {})[int(expert[2])] = _whole_expert(param.detach(), expert[3])
             continue
         kind, hf_names = hf_names_of(name, layer_of, spec)
         data = param.detach().contiguous()
@@ -222,6 +224,33 @@ def _global_expert(spec: GPTSpec, local: int) -> int:
     ep_rank = parallel_state.get_expert_model_parallel_rank()
     ep = parallel_state.get_expert_model_parallel_world_size()
     return ep_rank * (spec.num_experts // ep) + local
+
+
+def _expert_shard(whole: torch.Tensor, which: str) -> torch.Tensor:
+    """This expert-tensor-parallel rank's shard of one expert's fc1 ([gate; up]) or fc2."""
+    from megatron.core import parallel_state
+
+    etp = parallel_state.get_expert_tensor_parallel_world_size()
+    rank = parallel_state.get_expert_tensor_parallel_rank()
+    if which == "2":
+        return to_shard("row", [whole], None, rank, etp)
+    return to_shard("fc1", list(whole.chunk(2)), None, rank, etp)
+
+
+def _whole_expert(shard: torch.Tensor, which: str) -> torch.Tensor:
+    """One expert's fc1 or fc2, gathered over the expert-tensor-parallel ranks."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_expert_tensor_parallel_group()
+    etp = dist.get_world_size(group)
+    if etp == 1:
+        return shard
+    shards = [torch.empty_like(shard) for _ in range(etp)]
+    dist.all_gather(shards, shard.contiguous(), group=group)
+    if which == "2":
+        return from_shards("row", shards, None)[0]
+    return torch.cat(from_shards("fc1", shards, None))
 
 
 def _read_expert(read, match, layer_of: dict[int, int], index: int) -> torch.Tensor:

@@ -36,6 +36,11 @@ class MegatronLayout:
     def world_size(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
 
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel: etp_size when given, else tp (Megatron's default)."""
+        return self.etp if self.etp is not None else self.tp
+
     @classmethod
     def from_mesh(cls, mesh: DeviceMesh | None) -> MegatronLayout:
         if mesh is None:
@@ -97,27 +102,29 @@ class MegatronLayout:
             )
         if experts and experts % self.ep:
             raise ValueError(f"ep_size={self.ep} does not divide the model's {experts} experts")
-        if experts and self.tp > 1:
-            raise ValueError(
-                f"tp_size={self.tp} with a mixture-of-experts model: Megatron requires sequence "
-                "parallel then, which needs Transformer Engine's or apex's norms (this build "
-                "uses torch's); shard the experts with ep_size and the rest with dp/pp instead"
-            )
-        if self.etp not in (None, 1):
-            raise ValueError(
-                f"etp_size={self.etp}: MegatronModel keeps each expert whole on its expert-"
-                "parallel rank (etp_size=1); drop etp_size"
-            )
+        self._check_experts(hf_config, experts)
         if self.cp > 1:
             raise ValueError(
                 f"cp_size={self.cp}: Megatron's context parallel runs only in Transformer "
-                "Engine's attention, and this build uses the local layer spec; drop cp_size"
+                "Engine's attention (megatron-core 0.16's local DotProductAttention refuses "
+                "it), and this build uses the local layer spec; drop cp_size"
             )
-        if self.sequence_parallel:
+
+    def _check_experts(self, hf_config, experts: int | None) -> None:
+        if not experts:
+            if self.etp not in (None, 1):
+                raise ValueError(f"etp_size={self.etp} needs a mixture-of-experts model: drop it")
+            return
+        if self.tp > 1 and not self.sequence_parallel:
             raise ValueError(
-                "sequence_parallel=True needs Transformer Engine's or apex's layer norm under "
-                "Megatron; this build uses torch's (the local layer spec), which Megatron "
-                "refuses with sequence parallel: drop sequence_parallel"
+                f"tp_size={self.tp} with a mixture-of-experts model: Megatron requires sequence "
+                "parallel then; pass sequence_parallel=True to the DeviceMesh"
+            )
+        width = hf_config.moe_intermediate_size
+        if width % self.expert_tp:
+            raise ValueError(
+                f"etp_size={self.expert_tp} does not divide the experts' width {width}: each "
+                "expert-tensor-parallel rank holds an equal slice; pick a divisor"
             )
 
 
@@ -160,7 +167,7 @@ def initialize_parallel_state(layout: MegatronLayout, seed: int) -> None:
             virtual_pipeline_model_parallel_size=layout.vpp,
             context_parallel_size=layout.cp,
             expert_model_parallel_size=layout.ep,
-            expert_tensor_parallel_size=layout.etp or 1,
+            expert_tensor_parallel_size=layout.expert_tp,
         )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 

@@ -214,6 +214,23 @@ def _layer_shapes(spec: GPTSpec, tp: int) -> dict[str, tuple[dict[str, int], int
     }
 
 
+def _check_experts(spec: GPTSpec, settings: LoraSettings) -> None:
+    """A mixture-of-experts model's MLP is its experts and router, which this LoRA does not
+    adapt: peft 0.21 adapts Qwen3-MoE's fused expert tensors (``experts.gate_up_proj``,
+    ``experts.down_proj``, 3-D) through ``target_parameters`` with one low-rank pair per
+    tensor over all experts, and the router as a linear; mapping those onto Megatron's
+    per-expert linears is not done yet, so the request is refused rather than trained
+    differently from what peft would load."""
+    mlp = sorted({"gate_proj", "up_proj", "down_proj"} & set(settings.targets))
+    if spec.num_experts and mlp:
+        raise ValueError(
+            f"LoRA on {', '.join(mlp)}: in a mixture-of-experts model these are the experts, "
+            "which MegatronModel's LoRA does not adapt yet; target the attention projections "
+            "(target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj']), or use "
+            "TransformersModel for LoRA on experts"
+        )
+
+
 def inject_lora(
     gpt_model: nn.Module, spec: GPTSpec, settings: LoraSettings, tp: int, tp_rank: int, seed: int
 ) -> None:
@@ -222,6 +239,7 @@ def inject_lora(
     ``A`` is drawn in full from ``seed`` (the same on every rank) and cut to this rank's
     shard, so a model's LoRA init does not depend on the tensor-parallel size.
     """
+    _check_experts(spec, settings)
     for param in gpt_model.parameters():
         param.requires_grad_(False)
     shapes = _layer_shapes(spec, tp)
@@ -256,11 +274,19 @@ def inject_lora(
             setattr(parent, attr, wrapper)
 
 
+def _submodule_or_none(module: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
+
+
 def lora_modules(gpt_model: nn.Module):
     """(global layer, Megatron module path, LoraParallelLinear) for every LoRA layer."""
     for layer in gpt_model.decoder.layers:
         for path in FUSED:
-            module = layer.get_submodule(path)
+            # a mixture-of-experts layer has no mlp.linear_fc1/fc2
+            module = _submodule_or_none(layer, path)
             if isinstance(module, LoraParallelLinear):
                 yield layer.layer_number - 1, path, module
 

@@ -16,11 +16,15 @@ stage, so every rank returns the same loss, logps and metrics.
 ``add_adapter_to_model`` trains one LoRA adapter on Megatron's tensor-parallel
 linears (``lora``), saved as a peft adapter for the Hugging Face model.
 
-Not supported (each an error that says so): several adapters, padding-free (packed)
-batches, left padding, Ulysses sequence parallel, and what needs Transformer Engine or
-apex under megatron-core 0.16 (the local layer spec uses torch's norms and attention):
-Megatron sequence parallel, context parallel, and tensor parallel on a mixture-of-experts
-model; expert tensor parallel (etp > 1); saving the distributed optimizer's state.
+Packed (padding-free) batches are accepted and run as right-padded rows (``packed``):
+the same maths, without the compute saving, which needs Transformer Engine's attention.
+Megatron sequence parallel runs with torch's norms (``layer_spec``); experts can be split
+by ep and etp.
+
+Not supported (each an error that says so): several adapters, LoRA on experts, left
+padding, Ulysses sequence parallel, and context parallel, which megatron-core 0.16 runs
+only in Transformer Engine's attention (the local spec's ``DotProductAttention`` asserts
+``context_parallel_size == 1``).
 megatron-core is imported when a MegatronModel is built, never when this module is.
 """
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -200,20 +204,40 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
     def _pad_token_id(self) -> int | None:
         return getattr(self.hf_config, "pad_token_id", None)
 
-    def _collate(self, inputs: Any, state: TrainState) -> dict[str, Any]:
-        """InputFeatures, Trajectories or a collated batch -> right-padded device tensors."""
+    def _collate(
+        self, inputs: Any, state: TrainState, loss_kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any], Callable[[torch.Tensor], torch.Tensor]]:
+        """InputFeatures, Trajectories or a collated batch -> (right-padded device tensors,
+        the loss arguments to match, and the map of per-token outputs back to the caller's
+        layout: the padding Megatron's layout adds is dropped, a packed batch repacked)."""
+        from twinkle.model.megatron.packed import is_packed, unpack_rows
+
         batch = self._batch_of(inputs, state)
-        _check_padded(batch)
         batch = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-        return self._align_for_experts(batch) if self.layout.ep > 1 else batch
+        if is_packed(batch):
+            batch, loss_kwargs, restore = unpack_rows(batch, loss_kwargs, self._pad_token_id())
+        else:
+            _check_right_padded(batch)
+            length = batch["input_ids"].shape[1]
+
+            def restore(per_token: torch.Tensor) -> torch.Tensor:
+                return per_token[:, :length]
+
+        if self.layout.ep * self.layout.expert_tp > 1 and self.spec.num_experts:
+            batch = self._align_for_experts(batch)
+        if self.layout.sequence_parallel:
+            # Sequence parallel splits the sequence evenly over the tensor-parallel ranks.
+            length, tp = batch["input_ids"].shape[1], self.layout.tp
+            batch = _pad_sequence(batch, -(-length // tp) * tp, self._pad_token_id())
+        return batch, loss_kwargs, restore
 
     def _align_for_experts(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Expert-parallel ranks exchange tokens of one shape: right-pad the sequence to the
-        longest of the group (padding carries label -100 and mask 0, so it changes nothing)."""
+        """Expert-parallel and expert-tensor-parallel ranks exchange tokens of one shape:
+        right-pad the sequence to the longest of the group."""
         import torch.distributed as dist
         from megatron.core import parallel_state
 
-        group = parallel_state.get_expert_model_parallel_group()
+        group = parallel_state.get_expert_tensor_and_model_parallel_group()
         rows, length = batch["input_ids"].shape
         largest = torch.tensor([rows, length], device=self.device)
         smallest = largest.clone()
@@ -225,17 +249,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
                 "rows; they exchange tokens and need equal rows: give each data rank the same "
                 "number of sequences"
             )
-        extra = int(largest[1]) - length
-        if not extra:
-            return batch
-        pad_id = getattr(self.hf_config, "pad_token_id", None) or 0
-        fill = {"labels": -100, "attention_mask": 0, "input_ids": pad_id}
-        for key, value in fill.items():
-            if key in batch:
-                batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
-        if "position_ids" in batch:
-            batch["position_ids"] = torch.nn.functional.pad(batch["position_ids"], (0, extra))
-        return batch
+        return _pad_sequence(batch, int(largest[1]), self._pad_token_id())
 
     def _micro_batches(
         self, batch: dict, loss_kwargs: dict, micro_batch_size: int | None
@@ -302,7 +316,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
             chunk.train()
         if state.window_start is None:
             state.window_start = time.perf_counter()
-        batch = self._collate(inputs, state)
+        batch, loss_kwargs, restore = self._collate(inputs, state, loss_kwargs)
         micro = self._micro_batches(batch, loss_kwargs, micro_batch_size)
         loss_sum, tokens, logps = self._run(state, micro, forward_only=False)
         if tokens <= 0:
@@ -310,6 +324,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
                 "the batch has no label tokens (every label is -100), so there is nothing to "
                 "train on; check the template's labels or the data"
             )
+        logps = restore(logps)
         state.pending_tokens += tokens
         return ModelOutput(loss=loss_sum / tokens, logps=logps, num_tokens=tokens)
 
@@ -323,9 +338,10 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         state = self._state(adapter_name)
         for chunk in self.chunks:
             chunk.eval()
-        batch = self._collate(inputs, state)
+        batch, loss_kwargs, restore = self._collate(inputs, state, loss_kwargs)
         micro = self._micro_batches(batch, loss_kwargs, None)
         loss_sum, tokens, logps = self._run(state, micro, forward_only=True)
+        logps = restore(logps) if logps.numel() else logps
         loss = loss_sum / tokens if tokens > 0 else None
         return ModelOutput(loss=loss, logps=logps)
 
@@ -410,13 +426,21 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         return "\n".join(lines)
 
 
-def _check_padded(batch: Mapping[str, Any]) -> None:
-    """Refuse the layouts Megatron's local attention would compute differently from HF."""
-    if "cu_seq_lens_q" in batch:
-        raise ValueError(
-            "MegatronModel takes padded batches: packed (padding-free) rows need Transformer "
-            "Engine's attention; use InputProcessor(padding_free=False)"
-        )
+def _pad_sequence(batch: dict[str, Any], length: int, pad_id: int | None) -> dict[str, Any]:
+    """Right-pad every per-token tensor to ``length``; the padding carries label -100 and
+    mask 0, so no loss, logp or real token's attention changes."""
+    extra = length - batch["input_ids"].shape[1]
+    if extra <= 0:
+        return batch
+    fill = {"labels": -100, "attention_mask": 0, "input_ids": pad_id or 0, "position_ids": 0}
+    for key, value in fill.items():
+        if key in batch:
+            batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
+    return batch
+
+
+def _check_right_padded(batch: Mapping[str, Any]) -> None:
+    """Refuse left padding: Megatron's local attention numbers positions from the row start."""
     mask = batch.get("attention_mask")
     if torch.is_tensor(mask) and mask.dim() == 2 and mask.shape[1] > 1:
         starts_padded = (mask[:, 1:] > mask[:, :-1]).any()

@@ -108,3 +108,69 @@ class SchedulerGroup:
     def load_state_dict(self, state: dict) -> None:
         for scheduler, saved in zip(self.schedulers, state["schedulers"], strict=True):
             scheduler.load_state_dict(saved)
+
+
+def _inner_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def optimizer_state(optimizer) -> list[dict]:
+    """This rank's optimizer state, one entry per inner optimizer, for a same-layout resume.
+
+    Megatron's distributed optimizer leaves the per-parameter state (fp32 main weights,
+    moments) out of ``state_dict()``, since it is sharded over data-parallel ranks; it is
+    added here in the optimizer's own bucket order (``dp_reshardable``), so each rank saves
+    and restores exactly its shard.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    states = []
+    for inner in _inner_optimizers(optimizer):
+        state = {"state_dict": None, "param_state": None}
+        if isinstance(inner, DistributedOptimizer):
+            if inner.optimizer.state:  # NOTE: state_dict() needs a step to have run
+                state["state_dict"] = inner.state_dict()
+                param_state = inner.get_parameter_state_dp_reshardable()
+                for buffers in (v for k, v in param_state.items() if isinstance(k, int)):
+                    for buckets in buffers.values():
+                        for bucket in buckets:
+                            for tensors in bucket:
+                                tensors["padding"] = False  # whole parameters, no padding
+                state["param_state"] = param_state
+        else:
+            state["state_dict"] = inner.state_dict()
+        states.append(state)
+    return states
+
+
+@torch.no_grad()  # NOTE: the main weights are leaves that require grad; they are set in place
+def load_optimizer_state(optimizer, states: list[dict]) -> None:
+    """Restore what ``optimizer_state`` saved (same layout, same optimizer set-up)."""
+    inners = _inner_optimizers(optimizer)
+    if len(states) != len(inners):
+        raise ValueError(
+            f"the checkpoint holds {len(states)} optimizer states and this model's optimizer "
+            f"has {len(inners)}: set the optimizer up as the run that saved it did"
+        )
+    for inner, state in zip(inners, states, strict=True):
+        saved = state["state_dict"]
+        if saved is None:
+            continue
+        if state["param_state"] is not None:
+            saved = {
+                **saved,
+                "param_state": state["param_state"],
+                "param_state_sharding_type": "dp_reshardable",
+            }
+        inner.load_state_dict(saved)
+        _unshare_steps(inner.optimizer)
+
+
+def _unshare_steps(torch_optimizer: torch.optim.Optimizer) -> None:
+    """NOTE: without Transformer Engine or apex, megatron-core 0.16's distributed optimizer
+    loads one ``step`` tensor into every parameter's state; torch's AdamW increments each
+    parameter's step in place, so a shared one would advance once per parameter per step
+    and skew the bias correction. Each parameter gets its own copy."""
+    for state in torch_optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()

@@ -1,0 +1,67 @@
+"""Megatron's local layer spec (neither Transformer Engine nor apex), with norms that allow
+sequence parallel.
+
+The local spec builds its norms with megatron-core's ``WrappedTorchNorm``, which refuses
+``sequence_parallel`` (megatron/core/transformer/torch_norm.py, ``assert not
+config.sequence_parallel``): under sequence parallel each tensor-parallel rank normalises
+a slice of the sequence, so the norm's weight gradient is partial and must be summed over
+the tensor-parallel ranks. ``TorchRMSNorm`` is the same torch RMSNorm with its weight
+marked ``sequence_parallel``, the attribute ``finalize_model_grads`` sums by; every norm
+of the spec (layers and the final one) is swapped for it. Without sequence parallel the
+mark is False and nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from twinkle.model.megatron.config import GPTSpec
+
+
+class TorchRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm, built with Megatron's norm arguments, sequence-parallel aware."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **unused: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+
+def _swap_norms(node: Any, old: type) -> Any:
+    """``node`` (a ModuleSpec, a submodules dataclass or a class) with ``old`` swapped for
+    TorchRMSNorm throughout."""
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if node is old:
+        return TorchRMSNorm
+    if isinstance(node, ModuleSpec):
+        module = TorchRMSNorm if node.module is old else node.module
+        submodules = _swap_norms(node.submodules, old)
+        return dataclasses.replace(node, module=module, submodules=submodules)
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        fields = dataclasses.fields(node)
+        changes = {f.name: _swap_norms(getattr(node, f.name), old) for f in fields}
+        return dataclasses.replace(node, **changes)
+    return node
+
+
+def local_block_spec(spec: GPTSpec, config: Any, vp_stage: int | None):
+    """The transformer block of this pipeline (and virtual) stage, local spec, torch norms."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layer = get_gpt_layer_local_spec(
+        num_experts=spec.num_experts or None,
+        moe_grouped_gemm=False,
+        qk_layernorm=spec.qk_norm,
+        normalization="RMSNorm",
+    )
+    layer = _swap_norms(layer, WrappedTorchNorm)
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=TorchRMSNorm)
