@@ -152,6 +152,18 @@ def test_a_stop_string_that_never_occurs_runs_to_max_tokens(sampler):
     )
 
 
+def test_ignore_eos_samples_past_the_end_of_sequence_tokens(sampler, monkeypatch):
+    free = sampler.sample(PROMPTS[:1], SamplingParams(max_tokens=8, seed=4))[0].sequences[0]
+    # Make the second sampled token an end-of-sequence token: it ends the plain sample.
+    monkeypatch.setattr(sampler, "_stop_token_ids", lambda template: {free.tokens[1]})
+    ended = sampler.sample(PROMPTS[:1], SamplingParams(max_tokens=8, seed=4))[0].sequences[0]
+    params = SamplingParams(max_tokens=8, seed=4, ignore_eos=True)
+    ignored = sampler.sample(PROMPTS[:1], params)[0].sequences[0]
+    assert ended.tokens == free.tokens[: free.tokens.index(free.tokens[1]) + 1]
+    assert ended.stop_reason == "stop"
+    assert ignored.tokens == free.tokens and ignored.stop_reason == free.stop_reason
+
+
 def test_max_tokens_zero_is_refused_with_the_field_named(sampler):
     with pytest.raises(pydantic.ValidationError, match="max_tokens"):
         sampler.sample(PROMPTS, {"max_tokens": 0})
@@ -177,6 +189,28 @@ def test_an_empty_prompt_list_is_an_error(sampler):
 def test_an_unknown_adapter_is_named(sampler):
     with pytest.raises(ValueError, match="no adapter 'ghost'"):
         sampler.sample(PROMPTS, SamplingParams(max_tokens=2), adapter_name="ghost")
+
+
+def test_base_model_samples_without_the_loaded_adapters():
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    from twinkle.sampler import BASE_MODEL
+
+    sampler = TorchSampler(MODEL_ID)  # its own: the shared one must stay adapter-free
+    sampler.set_template("Qwen3_5Template")
+    params = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=0)
+    before = sampler.sample(PROMPTS[:1], params)[0]
+    donor = TransformersModel(MODEL_ID).model
+    torch.manual_seed(1)
+    lora = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)
+    donor = get_peft_model(donor, lora)
+    sampler.load_lora("tuned", lora.to_dict(), get_peft_model_state_dict(donor))
+    tuned = sampler.sample(PROMPTS[:1], params)[0]  # None: the only adapter
+    base = sampler.sample(PROMPTS[:1], params, adapter_name=BASE_MODEL)[0]
+    assert base.prompt_logprobs == before.prompt_logprobs
+    assert tuned.prompt_logprobs != before.prompt_logprobs
+    with pytest.raises(ValueError, match="base model"):
+        sampler.load_lora(BASE_MODEL, lora.to_dict(), {})
 
 
 @pytest.mark.parametrize(

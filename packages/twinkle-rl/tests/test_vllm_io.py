@@ -86,3 +86,10 @@ def test_missing_logprobs_are_refused():
 def test_construction_without_vllm_or_gpu_says_what_to_use():
     with pytest.raises((ImportError, RuntimeError), match="TorchSampler"):
         vLLMSampler(model_id="bundled://tiny-qwen3", engine_args={"gpu_memory_utilization": 0.5})
+
+
+def test_ignore_eos_keeps_only_the_requested_stops():
+    params = SamplingParams(max_tokens=4, stop=[7], ignore_eos=True)
+    kwargs = vllm_sampling_kwargs(params, stop_token_ids=[2])
+    assert kwargs["stop_token_ids"] == [7] and kwargs["ignore_eos"] is True
+    assert vllm_sampling_kwargs(SamplingParams(max_tokens=4), [2])["ignore_eos"] is False

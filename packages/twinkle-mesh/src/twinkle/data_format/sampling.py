@@ -20,7 +20,8 @@ class SamplingParams(DataModel):
     """How to sample. ``top_k=-1`` disables top-k; ``stop`` is a string, a list of strings
     or a list of token ids; ``logprobs=n`` returns the top ``n`` logprobs of each sampled
     position besides the sampled token's own; ``prompt_logprobs`` does the same for the
-    prompt."""
+    prompt. ``ignore_eos`` keeps sampling past the end-of-sequence tokens: only ``stop``
+    and ``max_tokens`` end a completion (Tinker's ``stop=[]``)."""
 
     max_tokens: int = Field(ge=1)
     temperature: float = Field(default=1.0, ge=0)
@@ -31,6 +32,7 @@ class SamplingParams(DataModel):
     num_samples: int = Field(default=1, ge=1)
     logprobs: int | None = Field(default=None, ge=0)
     prompt_logprobs: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
 
     @field_validator("top_k")
     @classmethod

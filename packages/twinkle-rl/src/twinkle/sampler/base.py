@@ -30,6 +30,9 @@ from twinkle.infra import remote_function
 from twinkle.model.checkpoint import ADAPTER_FILES, full_weight_files
 from twinkle.template import Template, build_template
 
+BASE_MODEL = "__base__"
+"""``adapter_name`` that samples the base model even when LoRA adapters are loaded."""
+
 
 class Sampler(ABC):
     """Generates completions for prompts; subclasses implement the abstract methods and set
@@ -47,7 +50,9 @@ class Sampler(ABC):
         adapter_name: str | None = None,
         num_samples: int | None = None,
     ) -> list[SampleResponse]:
-        """One SampleResponse per prompt, in input order."""
+        """One SampleResponse per prompt, in input order. ``adapter_name`` picks a loaded
+        LoRA adapter; None picks the 'default' (else the first) one when any is loaded, else
+        the base model; ``BASE_MODEL`` always samples the base model."""
 
     @remote_function(dispatch="all", collect="first")
     def set_template(self, template: Any, **kwargs: Any) -> None:

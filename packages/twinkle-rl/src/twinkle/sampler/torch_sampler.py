@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.infra import remote_class, remote_function
 from twinkle.mesh import DeviceMesh, Platform
 from twinkle.model.transformers.loading import load_causal_lm
-from twinkle.sampler.base import Sampler
+from twinkle.sampler.base import BASE_MODEL, Sampler
 from twinkle.sampler.decoding import generate
 from twinkle.sampler.prompts import (
     as_prompt_features,
@@ -98,6 +99,10 @@ class TorchSampler(Sampler):
     # ---- sampling -------------------------------------------------------------------------
 
     def _model_for(self, adapter_name: str | None) -> torch.nn.Module:
+        """The model to run, with ``adapter_name``'s adapter active (sample() disables the
+        adapters for ``BASE_MODEL``)."""
+        if adapter_name == BASE_MODEL:
+            return self.model
         if not isinstance(self.model, PeftModel):
             if adapter_name is not None:
                 raise ValueError(
@@ -127,7 +132,7 @@ class TorchSampler(Sampler):
         prompts = as_prompt_features(inputs, template)
         prompt_ids = [prompt_token_ids(p) for p in prompts]
         model = self._model_for(adapter_name)
-        stop = StopRule.build(params, self._stop_token_ids(template))
+        stop = StopRule.build(params, () if params.ignore_eos else self._stop_token_ids(template))
         base_seed = (
             params.seed
             if params.seed is not None
@@ -136,21 +141,24 @@ class TorchSampler(Sampler):
         rows = [(p, s) for p in range(len(prompts)) for s in range(params.num_samples)]
         chunk = self.max_batch_size or len(rows)
         results = []
-        for start in range(0, len(rows), chunk):
-            part = rows[start : start + chunk]
-            generators = [
-                torch.Generator(self.device).manual_seed(row_seed(base_seed, p, s)) for p, s in part
-            ]
-            results += generate(
-                model,
-                [prompt_ids[p] for p, _ in part],
-                params,
-                generators,
-                stop,
-                template.tokenizer.decode,
-                template.tokenizer.pad_token_id or 0,
-                self.device,
-            )
+        base_only = adapter_name == BASE_MODEL and isinstance(model, PeftModel)
+        with model.disable_adapter() if base_only else nullcontext():
+            for start in range(0, len(rows), chunk):
+                part = rows[start : start + chunk]
+                generators = [
+                    torch.Generator(self.device).manual_seed(row_seed(base_seed, p, s))
+                    for p, s in part
+                ]
+                results += generate(
+                    model,
+                    [prompt_ids[p] for p, _ in part],
+                    params,
+                    generators,
+                    stop,
+                    template.tokenizer.decode,
+                    template.tokenizer.pad_token_id or 0,
+                    self.device,
+                )
         responses = []
         for p, prompt in enumerate(prompts):
             mine = results[p * params.num_samples : (p + 1) * params.num_samples]
@@ -183,4 +191,6 @@ class TorchSampler(Sampler):
     def load_lora(
         self, adapter_name: str, config: Mapping[str, Any], weights: Mapping[str, torch.Tensor]
     ) -> None:
+        if adapter_name == BASE_MODEL:
+            raise ValueError(f"{BASE_MODEL!r} names the base model; pick another adapter name")
         self.model = install_lora(self.model, adapter_name, config, weights).eval()

@@ -21,8 +21,10 @@ def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int] =
     always returns the sampled token's logprob (the training loop needs it); token-id stops
     go to ``stop_token_ids``, string stops to ``stop``; stop strings are cut from the text
     as TorchSampler does. vLLM's logprobs are its raw model logprobs (before temperature and
-    filters), the same quantity TorchSampler reports."""
+    filters), the same quantity TorchSampler reports. ``ignore_eos`` drops the end-of-turn
+    ``stop_token_ids`` as well as vLLM's own EOS stop."""
     stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+    end_of_turn = () if params.ignore_eos else stop_token_ids
     kwargs: dict[str, Any] = {
         "n": params.num_samples,
         "max_tokens": params.max_tokens,
@@ -31,11 +33,12 @@ def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: Sequence[int] =
         "top_k": params.top_k,
         "seed": params.seed,
         "stop": [s for s in stop if isinstance(s, str)] or None,
-        "stop_token_ids": sorted({*stop_token_ids, *(s for s in stop if isinstance(s, int))}),
+        "stop_token_ids": sorted({*end_of_turn, *(s for s in stop if isinstance(s, int))}),
         "logprobs": params.logprobs or 0,
         "prompt_logprobs": params.prompt_logprobs,
         "include_stop_str_in_output": False,
         "skip_special_tokens": True,
+        "ignore_eos": params.ignore_eos,
     }
     return kwargs
 

@@ -30,7 +30,7 @@ from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.hub import resolve_model
 from twinkle.infra import remote_class, remote_function
 from twinkle.mesh import DeviceMesh
-from twinkle.sampler.base import Sampler
+from twinkle.sampler.base import BASE_MODEL, Sampler
 from twinkle.sampler.prompts import as_prompt_features, check_sampling_params, prompt_token_ids
 from twinkle.sampler.vllm_io import to_sample_response, vllm_prompts, vllm_sampling_kwargs
 from twinkle.sampler.weights import plain_tensors
@@ -106,6 +106,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
         ]
 
     def _lora_request(self, adapter_name: str | None) -> Any:
+        if adapter_name == BASE_MODEL:
+            return None
         if adapter_name is None:
             return self._lora.get("default") or next(iter(self._lora.values()), None)
         if adapter_name not in self._lora:
@@ -160,6 +162,8 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
     ) -> None:
         from vllm.lora.request import LoRARequest
 
+        if adapter_name == BASE_MODEL:
+            raise ValueError(f"{BASE_MODEL!r} names the base model; pick another adapter name")
         self._lora_loads += 1  # a new id and folder each time, so vLLM loads the new tensors
         folder = self._lora_dir / f"{adapter_name}-{self._lora_loads}"
         folder.mkdir(parents=True)
