@@ -197,3 +197,74 @@ class TrainUnitsMixin:
             for _ in range(calls):
                 state.lr_scheduler.step()
         return norm
+
+    @remote_function(dispatch="all", collect="first")
+    def step_with(
+        self,
+        *,
+        adapter_name: str | None = None,
+        optimizer_params: Mapping[str, Any] | None = None,
+        max_grad_norm: float | None = None,
+        normalise: bool = True,
+    ) -> float | None:
+        """One optimizer step now, set up by the caller: for loops that send each step's
+        hyperparameters with it and own their loss's scale (the Tinker API's optim_step).
+
+        ``optimizer_params`` go into every param group first and stay until changed (keys the
+        groups have: ``{'lr': 1e-4, 'betas': (0.9, 0.95), 'eps': 1e-8, 'weight_decay': 0}``
+        for AdamW). ``normalise=False`` applies the gradient of the loss summed over the
+        accumulated tokens as it is, instead of dividing it by their count (for losses that
+        are sums by definition). ``max_grad_norm`` > 0 clips first and the norm is returned;
+        otherwise None. The gradients are then zeroed. Unlike ``clip_grad_and_step`` it
+        closes the accumulation window at once and leaves the lr scheduler alone.
+        """
+        state = self._state(adapter_name)
+        optimizer = self._require_optimizer(state, "step_with")
+        if optimizer_params:
+            set_param_groups(optimizer, optimizer_params)
+        if not normalise:
+            state.pending_tokens = self._summed_loss_tokens()
+        norm = None
+        if max_grad_norm is not None and max_grad_norm > 0:
+            norm = self._clip(state, max_grad_norm)
+        lr = optimizer.param_groups[0]["lr"]
+        self._step(state)
+        self._zero_grad(state)
+        state.accumulated_calls = 0
+        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        state.window_start = None
+        state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
+        return norm
+
+    def _summed_loss_tokens(self) -> float:
+        """The token count under which the step's division leaves the gradient of the loss
+        summed over the global batch as it is: 1 on one process. A backend that trains on
+        several ranks overrides it with each rank's share of that 1."""
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot yet step on summed gradients over "
+                f"{dist.get_world_size()} ranks: use step_with(normalise=True) or one process"
+            )
+        return 1.0
+
+
+def set_param_groups(optimizer: Any, params: Mapping[str, Any]) -> None:
+    """Write hyperparameters into every param group: only keys the groups already have, so
+    a misspelt one fails instead of being ignored. ``weight_decay`` skips a group without
+    decay that holds biases and norm scales alone (``build_optimizer``'s no-decay group)."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"optimizer_params must be a dict, got {type(params).__name__}")
+    known = {key for group in optimizer.param_groups for key in group if key != "params"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(
+            f"optimizer_params {unknown} are not hyperparameters of "
+            f"{type(optimizer).__name__}; its param groups have {sorted(known)}"
+        )
+    for group in optimizer.param_groups:
+        no_decay = not group.get("weight_decay") and all(p.ndim < 2 for p in group["params"])
+        for key, value in params.items():
+            if key == "weight_decay" and no_decay:
+                continue
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value

@@ -657,6 +657,13 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 if param.grad is not None:
                     param.grad.mul_(scale)
 
+    def _summed_loss_tokens(self) -> float:
+        """Each rank's share of a global token count of 1 (``_normalise_gradients`` totals the
+        ranks' counts, then divides by the Ulysses peers), for ``step_with(normalise=False)``."""
+        sequence_parallel = sequence_parallel_of(self._hf_model())
+        peers = sequence_parallel.size if sequence_parallel is not None else 1
+        return peers / self._parallel().gradient_ranks
+
     def _require_optimizer(self, state: TrainState, action: str) -> torch.optim.Optimizer:
         if state.optimizer is None:
             target = "" if state.name == FULL_MODEL else f", adapter_name={state.name!r}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from peft import LoraConfig, PeftConfig
 
 from twinkle.infra import remote_function
@@ -58,6 +59,22 @@ class MultiLoraTransformersModel(TransformersModel):
             self._check_config(config_or_path)
         super().add_adapter_to_model(adapter_name, config_or_path, gradient_accumulation_steps)
 
+    @remote_function(dispatch="all", collect="first")
+    def add_seeded_adapter(
+        self,
+        adapter_name: str,
+        config: PeftConfig,
+        gradient_accumulation_steps: int = 1,
+        *,
+        seed: int,
+    ) -> None:
+        """``add_adapter_to_model`` with the new weights drawn from ``seed`` (a tenant's LoRA
+        seed), leaving the process's random state as it was."""
+        accelerator = [] if self.device.type == "cpu" else [self.device]
+        with torch.random.fork_rng(devices=accelerator, device_type=self.device.type):
+            torch.manual_seed(seed)
+            self.add_adapter_to_model(adapter_name, config, gradient_accumulation_steps)
+
     def _check_config(self, config: PeftConfig) -> None:
         if not isinstance(config, LoraConfig):
             raise ValueError(f"only LoRA adapters are pooled, got {type(config).__name__}")
@@ -81,6 +98,17 @@ class MultiLoraTransformersModel(TransformersModel):
     def pad_token_id(self) -> int:
         """The id that pads batches (0 when the model's config names none)."""
         return self.model.config.pad_token_id or 0
+
+    @remote_function(dispatch="all", collect="first")
+    def vocab_size(self) -> int:
+        """How many token ids the logits score (the output embedding's rows): the bound a
+        client's token ids must stay under."""
+        return int(self._hf_model().get_output_embeddings().weight.shape[0])
+
+    @remote_function(dispatch="all", collect="first")
+    def model_folder(self) -> str | None:
+        """The local folder the base model (and its tokenizer) came from, if any."""
+        return None if self.model_dir is None else str(self.model_dir)
 
     @remote_function(dispatch="all", collect="first")
     def capacity(self) -> dict[str, int]:
