@@ -60,6 +60,17 @@ for _short in PACKAGES:
     nox.session(name=_short)(package_session(_short))
 
 
+@nox.session(name="tinker-legacy")
+def tinker_legacy(session: nox.Session) -> None:
+    """The Tinker SL and RL flows with the old SDK (tinker==0.16.1, JSON only) on a real server."""
+    uv_sync(session, "--all-packages", "--group=test", "--extra=client")
+    # The lock pins the current SDK; this venv swaps the old one in over it.
+    session.install("tinker==0.16.1")
+    session.env["TWINKLE_EXPECT_TINKER"] = "0.16.1"
+    tests = ROOT / "packages" / "twinkle-kit" / "tests" / "tinker"
+    session.run("python", "-m", "pytest", str(tests / "test_legacy_sdk.py"), *session.posargs)
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole workspace."""
@@ -183,3 +194,9 @@ def bench_server(session: nox.Session) -> None:
 def bench_megatron(session: nox.Session) -> None:
     """HF to Megatron conversion time; CPU step time per layout against TransformersModel."""
     _run_benchmarks(session, "twinkle-models", "bench_megatron.py", extras=("megatron",))
+
+
+@nox.session(name="bench-tinker", default=False)
+def bench_tinker(session: nox.Session) -> None:
+    """Tinker SDK forward_backward + optim_step round trip against the Twinkle client's steps."""
+    _run_benchmarks(session, "twinkle-kit", "bench_tinker.py", extras=("client",))

@@ -62,6 +62,7 @@ def install_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 
 def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
+    from twinkle.server import tinker
     from twinkle.server.routes import data, models, runs, service
 
     @asynccontextmanager
@@ -77,7 +78,7 @@ def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
     app = FastAPI(title="twinkle-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.twinkle = state
     install_error_handlers(app, state)
-    for module in (service, runs, models, data):
+    for module in (service, runs, models, data, tinker):
         app.include_router(module.router, prefix="/api/v1")
     app.add_middleware(BodyLimit, max_bytes=state.config.limits.max_body_bytes)
     return app

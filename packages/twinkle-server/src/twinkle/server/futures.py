@@ -33,6 +33,12 @@ RESTART_ERROR = {
 }
 
 
+class Gone(ApiError):
+    """A future whose result the server no longer holds (Tinker clients resubmit on 410)."""
+
+    status, category, code = 410, "server", "gone"
+
+
 class FutureManager:
     def __init__(self, store: Store, keep: int = 4096) -> None:
         self.store = store
@@ -75,6 +81,75 @@ class FutureManager:
                 self._live.popitem(last=False)
         future.add_done_callback(lambda f: self._record(future_id, f))
         return future_id
+
+    def reserve(
+        self, owner: str, operation: str, idempotency_key: str | None = None
+    ) -> tuple[str, Future | None]:
+        """A future id now, for work that starts later (the Tinker routes hold a request
+        until its seq_id's turn). Returns ``(id, placeholder)``; the placeholder is None when
+        the idempotency key names an earlier request, whose id is returned instead. Pass the
+        placeholder to ``start`` once the work may run."""
+        with self._lock:
+            if idempotency_key:
+                existing = self.store.future_by_idempotency_key(owner, idempotency_key)
+                if existing is not None:
+                    return existing.id, None
+            future_id = "fut-" + secrets.token_hex(12)
+            self.store.add_future(
+                FutureRecord(
+                    id=future_id,
+                    owner=owner,
+                    operation=operation,
+                    status="pending",
+                    created_at=time.time(),
+                    idempotency_key=idempotency_key or None,
+                )
+            )
+            placeholder: Future = Future()
+            self._live[future_id] = placeholder
+            while len(self._live) > self.keep:
+                self._live.popitem(last=False)
+        placeholder.add_done_callback(lambda f: self._record(future_id, f))
+        return future_id, placeholder
+
+    @staticmethod
+    def start(placeholder: Future, worker: FairWorker, lane: str, fn: Callable[[], Any]) -> None:
+        """Queue a reserved future's work; its outcome resolves the placeholder."""
+
+        def settle(done: Future) -> None:
+            if done.cancelled():
+                placeholder.set_exception(Timeout("the request was cancelled before it ran"))
+            elif done.exception() is not None:
+                placeholder.set_exception(done.exception())
+            else:
+                placeholder.set_result(done.result())
+
+        try:
+            worker.submit(lane, fn).add_done_callback(settle)
+        except RuntimeError as exc:  # the worker stopped: the server is shutting down
+            placeholder.set_exception(exc)
+
+    @staticmethod
+    def fail(placeholder: Future, error: BaseException) -> None:
+        placeholder.set_exception(error)
+
+    async def poll(self, owner: str, future_id: str, timeout: float) -> Future | None:
+        """Wait up to ``timeout`` s for a future (never cancelling it): the finished future,
+        or None when it is still pending. 410 when the server no longer holds it."""
+        record = self.store.get_future(owner, future_id)
+        if record is None:
+            raise NotFound(f"no request {future_id!r}")
+        future = self._live.get(future_id)
+        if future is None:
+            if record.status == "failed" and record.error:
+                raise _from_body(record.error)
+            raise Gone(
+                f"the result of request {future_id!r} is no longer held (the server restarted "
+                "or dropped old results); submit the request again"
+            )
+        if not future.done():
+            await asyncio.wait({asyncio.wrap_future(future)}, timeout=timeout)
+        return future if future.done() else None
 
     def _record(self, future_id: str, future: Future) -> None:
         if future.cancelled():

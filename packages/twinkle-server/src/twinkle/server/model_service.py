@@ -25,7 +25,7 @@ from twinkle.processor import InputProcessor
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import BadRequest, CapacityFull, Conflict, NotFound, RateLimited
-from twinkle.server.names import CheckpointUri, check_name, parse_uri
+from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
 from twinkle.server.wire import (
@@ -71,6 +71,11 @@ class ModelService:
             seed=mc.seed,
             **placement,
         )
+        # Asked once: in mode ray a call is a round trip that may queue behind training work.
+        self.vocab_size: int = self.model.vocab_size()
+        self.pad_token_id: int = self.model.pad_token_id()
+        self.model_folder: str | None = self.model.model_folder()
+        self.workers = group_size(config, mc.remote_group) if config.mode == "ray" else 1
         self.worker = FairWorker("model")
         self.live: dict[str, LiveRun] = {}
         store.deactivate_runs()  # no adapter survives a restart; checkpoints do
@@ -140,8 +145,10 @@ class ModelService:
         lora: LoraConfig,
         gradient_accumulation_steps: int,
         user_metadata: dict[str, Any],
+        seed: int | None = None,
     ) -> TrainingRun:
-        """Runs on the worker: take a slot, then record the run."""
+        """Runs on the worker: take a slot (its LoRA weights drawn from ``seed`` when given),
+        then record the run."""
         if len(self.live) >= self.config.model.max_loras:
             raise CapacityFull(
                 f"all {self.config.model.max_loras} LoRA slots are in use; try again later"
@@ -154,7 +161,10 @@ class ModelService:
             )
         adapter = "t" + secrets.token_hex(8)
         try:
-            self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
+            if seed is None:
+                self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
+            else:
+                self.model.add_seeded_adapter(adapter, lora, gradient_accumulation_steps, seed=seed)
         except LoraPoolFullError as exc:
             raise CapacityFull(str(exc)) from None
         now = time.time()
@@ -203,13 +213,18 @@ class ModelService:
         handler = self.methods.get(method)
         if handler is None:
             raise NotFound(f"unknown model method {method!r}")
+        return self.run_for(live, lambda: handler(principal, live, **args))
+
+    def run_for(self, live: LiveRun, fn: Callable[[], Any]) -> Any:
+        """Runs on the worker: ``fn`` for a run still holding its slot (the Tinker routes'
+        work comes through here too)."""
         if live.run.id not in self.live:
             raise Conflict(f"training run {live.run.id!r} was released")
         now = time.time()
         if now - live.touched > TOUCH_EVERY_S:  # a write per request would cost more than it says
             self.store.touch_run(live.run.id, now)
             live.touched = now
-        return handler(principal, live, **args)
+        return fn()
 
     # ---- components by name ----------------------------------------------------------------
 
@@ -238,7 +253,7 @@ class ModelService:
         multiple = kwargs.get("pad_to_multiple_of")
         if isinstance(multiple, int) and multiple > self.config.limits.max_sequence_tokens:
             raise BadRequest("pad_to_multiple_of exceeds this server's max_sequence_tokens")
-        kwargs.setdefault("pad_token_id", self.model.pad_token_id())
+        kwargs.setdefault("pad_token_id", self.pad_token_id)
         self.model.set_processor(InputProcessor(**kwargs), adapter_name=live.adapter)
 
     # ---- training -----------------------------------------------------------------------
@@ -288,8 +303,13 @@ class ModelService:
         save_optimizer: bool = True,
         consumed_train_samples: int | None = None,
         overwrite: bool = True,
+        kind: str = "weights",
     ) -> str:
-        uri = CheckpointUri(live.run.id, "weights", check_name(name))
+        """Save the run's adapter as ``<kind>/<name>``: ``weights`` for a resumable checkpoint,
+        ``sampler_weights`` for weights a sampler loads (Tinker's save_weights_for_sampler)."""
+        if kind not in KINDS:
+            raise BadRequest(f"checkpoint kind must be one of {KINDS}, got {kind!r}")
+        uri = CheckpointUri(live.run.id, kind, check_name(name))
         folder = self.checkpoint_folder(principal.key_id, uri)
         folder.parent.mkdir(parents=True, exist_ok=True)
         self.model.save(
@@ -358,6 +378,12 @@ class ModelService:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+def group_size(config: ServerConfig, name: str) -> int:
+    """How many workers hold the model (each a data-parallel rank) in ``mode: ray``."""
+    ranks = next(g.ranks for g in config.device_groups if g.name == name)
+    return ranks if isinstance(ranks, int) else len(ranks)
 
 
 def lora_summary(lora: LoraConfig) -> dict[str, Any]:

@@ -3,27 +3,33 @@
 It drives any ``twinkle.sampler.Sampler`` (TorchSampler on CPU, vLLMSampler on a GPU)
 through the protocol's ``sample`` and ``load_lora``. ``adapter_uri`` names a checkpoint
 the caller owns (``twinkle://<run>/weights/<name>``); its adapter is loaded into the
-sampler once and kept in a small LRU cache. Sampling runs on its own worker, one lane per
-key, so samplers and trainers do not wait on each other.
+sampler once and kept in a small LRU cache of adapter slots (an evicted checkpoint's slot is
+reused, so the sampler never holds more than ``max_cached_adapters`` adapters, and a folder
+rewritten in place is loaded again). Sampling runs on its own worker, one lane per key, so
+samplers and trainers do not wait on each other. ``sample_tokens`` is the token-level entry
+of the Tinker routes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from twinkle.data_format import SamplingParams
+from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
+from twinkle.sampler.base import BASE_MODEL
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
-from twinkle.server.errors import BadRequest, PayloadTooLarge
+from twinkle.server.errors import BadRequest, NotFound, PayloadTooLarge
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
 from twinkle.utils import get_logger
 
 logger = get_logger()
+DEFAULT_TEMPLATE: tuple[str, dict[str, Any]] = ("Template", {})
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def build_sampler(config: ServerConfig) -> Any:
@@ -52,9 +58,11 @@ class SamplerService:
         self.sampler = sampler if sampler is not None else build_sampler(config)
         self.available = self.sampler is not None
         self.worker = FairWorker("sampler")
-        self._adapters: OrderedDict[str, str] = OrderedDict()  # checkpoint folder -> name
+        # checkpoint folder -> (its weights' mtime, the sampler's adapter slot holding them)
+        self._adapters: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._templates: dict[str, tuple[str, dict[str, Any]]] = {}  # key id -> template
         self._current_template: tuple[str, dict[str, Any]] | None = None
+        self._vocab_size: int | None = None
 
     def set_template(self, principal: Principal, body: dict[str, Any]) -> None:
         """Record the caller's template; it is applied before each of the caller's samples
@@ -88,38 +96,77 @@ class SamplerService:
         if body.get("adapter_uri") is not None:
             folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path
 
-        template = self._templates.get(principal.key_id, ("Template", {}))
+        template = self._templates.get(principal.key_id, DEFAULT_TEMPLATE)
 
         def work() -> Any:
-            if template != self._current_template:
-                name, kwargs = template
-                self.sampler.set_template(name, **kwargs)
-                self._current_template = template
-            adapter = self._adapter(folder) if folder is not None else None
-            responses = self.sampler.sample(
-                batch, params, adapter_name=adapter, num_samples=num_samples
-            )
+            responses = self._sample(template, folder, batch, params, num_samples)
             per_prompt = [r.to_dict() for r in responses]
             flat = [seq for r in per_prompt for seq in r["sequences"]]
             return {"sequences": flat, "responses": per_prompt}
 
         return work
 
+    def vocab_size(self) -> int | None:
+        """Token ids at or above this are not the model's (checked before queueing); None
+        when the sampler runs elsewhere (mode: ray) and the check is left to it."""
+        if self._vocab_size is None and self.config.mode != "ray":
+            self._vocab_size = int(self.sampler.model.get_output_embeddings().weight.shape[0])
+        return self._vocab_size
+
+    def sample_tokens(
+        self, prompt_ids: list[int], params: SamplingParams, folder: str | None
+    ) -> Callable[[], SampleResponse]:
+        """The work of one token prompt (the caller checked it), sampled from the base model
+        or from the adapter saved in ``folder``; runs on the worker."""
+        prompt = InputFeature(input_ids=prompt_ids)
+
+        def work() -> SampleResponse:
+            return self._sample(DEFAULT_TEMPLATE, folder, [prompt], params, None)[0]
+
+        return work
+
+    def _sample(
+        self,
+        template: tuple[str, dict[str, Any]],
+        folder: str | None,
+        batch: list,
+        params: SamplingParams,
+        num_samples: int | None,
+    ) -> list[SampleResponse]:
+        if template != self._current_template:
+            name, kwargs = template
+            self.sampler.set_template(name, **kwargs)
+            self._current_template = template
+        # The base model explicitly: with adapters loaded, None would pick one of them.
+        adapter = self._adapter(folder) if folder is not None else BASE_MODEL
+        return self.sampler.sample(batch, params, adapter_name=adapter, num_samples=num_samples)
+
     def _adapter(self, folder: str) -> str:
-        """The sampler's name for a checkpoint's adapter, loading it on first use."""
-        if folder in self._adapters:
+        """The sampler's name for a checkpoint's adapter, loading it on first use (and again
+        when the folder's weights were rewritten since)."""
+        path = Path(folder)
+        try:
+            mtime = (path / ADAPTER_WEIGHTS).stat().st_mtime_ns
+        except FileNotFoundError:
+            raise NotFound("the checkpoint to sample from no longer exists") from None
+        cached = self._adapters.get(folder)
+        if cached is not None and cached[0] == mtime:
             self._adapters.move_to_end(folder)
-            return self._adapters[folder]
+            return cached[1]
         from safetensors.torch import load_file
 
-        path = Path(folder)
         config = json.loads((path / "adapter_config.json").read_text())
-        weights = load_file(str(path / "adapter_model.safetensors"))
-        name = "ckpt" + hashlib.sha256(folder.encode()).hexdigest()[:12]
+        weights = load_file(str(path / ADAPTER_WEIGHTS))
+        if cached is not None:
+            name = cached[1]
+        elif len(self._adapters) >= self.config.sampler.max_cached_adapters:
+            _, (_, name) = self._adapters.popitem(last=False)  # its slot takes the new weights
+        else:
+            used = {slot for _, slot in self._adapters.values()}
+            name = next(f"ckpt{i}" for i in range(len(used) + 1) if f"ckpt{i}" not in used)
         self.sampler.load_lora(name, config, weights)
-        self._adapters[folder] = name
-        while len(self._adapters) > self.config.sampler.max_cached_adapters:
-            self._adapters.popitem(last=False)
+        self._adapters[folder] = (mtime, name)
+        self._adapters.move_to_end(folder)
         return name
 
     def stop(self) -> None:

@@ -35,6 +35,7 @@ class ServerState:
     model: Any = None  # ModelService, once loaded
     sampler: Any = None  # SamplerService, when enabled
     processor: Any = None  # ProcessorService, when enabled
+    tinker: Any = None  # tinker.state.TinkerState: the Tinker routes' ordering and samplers
     ready: bool = False
     started_at: float = field(default_factory=time.time)
 
@@ -78,6 +79,9 @@ def build_state(config: ServerConfig, load_components: bool = True) -> ServerSta
         sessions=SessionManager(store, config.limits.session_ttl_s),
         rate_limiter=RateLimiter(config.limits.requests_per_minute),
     )
+    from twinkle.server.tinker.state import build_tinker_state
+
+    state.tinker = build_tinker_state()
     if load_components:
         load_services(state)
     return state

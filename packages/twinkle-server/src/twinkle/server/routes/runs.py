@@ -41,6 +41,7 @@ def checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
 def run_json(state, run: TrainingRun) -> dict[str, Any]:
     checkpoints = state.store.list_checkpoints(run.owner, run.id)
     weights = [c for c in checkpoints if c.kind == "weights"]
+    sampler = [c for c in checkpoints if c.kind == "sampler_weights"]
     return {
         "training_run_id": run.id,
         "base_model": run.base_model,
@@ -53,12 +54,12 @@ def run_json(state, run: TrainingRun) -> dict[str, Any]:
         "corrupted": False,
         "last_request_time": _iso(run.last_request_time),
         "last_checkpoint": checkpoint_json(weights[-1]) if weights else None,
-        "last_sampler_checkpoint": None,
+        "last_sampler_checkpoint": checkpoint_json(sampler[-1]) if sampler else None,
         "user_metadata": run.user_metadata,
     }
 
 
-def _page(request: Request) -> tuple[int, int]:
+def page(request: Request) -> tuple[int, int]:
     try:
         limit = int(request.query_params.get("limit", 20))
         offset = int(request.query_params.get("offset", 0))
@@ -73,7 +74,7 @@ def _page(request: Request) -> tuple[int, int]:
 async def list_runs(request: Request) -> dict:
     principal = caller(request)
     state = state_of(request)
-    limit, offset = _page(request)
+    limit, offset = page(request)
     runs, total = state.store.list_runs(principal.key_id, limit, offset)
     return {
         "training_runs": [run_json(state, run) for run in runs],
@@ -108,6 +109,18 @@ async def list_all_checkpoints(request: Request) -> dict:
     return {"checkpoints": [checkpoint_json(r) for r in records]}
 
 
+@router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
+@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
+@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
+async def not_offered(run_id: str, checkpoint_id: str, request: Request) -> dict:
+    """Tinker's publish/unpublish and checkpoint TTLs: refused plainly, never ignored."""
+    caller(request)
+    raise BadRequest(
+        "this server does not publish checkpoints or expire them: checkpoints stay private "
+        "to their key until deleted (DELETE the checkpoint to remove it)"
+    )
+
+
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
 async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> dict:
     principal = caller(request)
@@ -127,9 +140,16 @@ async def weights_info(request: Request) -> dict:
     run = state.store.get_run(principal.key_id, uri.run_id)
     if record is None or run is None:
         raise NotFound(f"no checkpoint {uri}")
+    targets = run.lora_config.get("target_modules")
+    targets = set([targets] if isinstance(targets, str) else targets or [])
+    everything = "all-linear" in targets
     return {
         "base_model": run.base_model,
         "is_lora": True,
         "lora_rank": run.lora_rank,
         "lora_config": run.lora_config,
+        # Tinker's view of the same LoRA (WeightsInfoResponse)
+        "train_attn": everything or bool(targets & {"q_proj", "k_proj", "v_proj", "o_proj"}),
+        "train_mlp": everything or bool(targets & {"gate_proj", "up_proj", "down_proj"}),
+        "train_unembed": "lm_head" in targets,
     }

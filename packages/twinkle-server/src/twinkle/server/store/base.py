@@ -97,6 +97,9 @@ class Store(ABC):
     def get_session(self, owner: str, session_id: str) -> SessionRecord | None: ...
 
     @abstractmethod
+    def list_sessions(self, owner: str, limit: int, offset: int) -> list[SessionRecord]: ...
+
+    @abstractmethod
     def touch_session(self, owner: str, session_id: str, when: float) -> bool: ...
 
     @abstractmethod

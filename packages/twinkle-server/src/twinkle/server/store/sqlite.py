@@ -144,6 +144,10 @@ class SQLiteStore(Store):
             SessionRecord, "SELECT * FROM sessions WHERE id = ? AND owner = ?", session_id, owner
         )
 
+    def list_sessions(self, owner: str, limit: int, offset: int) -> list[SessionRecord]:
+        sql = "SELECT * FROM sessions WHERE owner = ? ORDER BY created_at, id LIMIT ? OFFSET ?"
+        return self._all(SessionRecord, sql, owner, limit, offset)
+
     def touch_session(self, owner: str, session_id: str, when: float) -> bool:
         sql = (
             "UPDATE sessions SET last_heartbeat = ? "

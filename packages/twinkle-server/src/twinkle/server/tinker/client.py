@@ -1,0 +1,69 @@
+"""The SDK's start-up and housekeeping routes: client/config, dynamic_config, telemetry,
+and the session listing of the RestClient.
+
+client/config turns off the SDK features this server does not offer (JWT exchange, the
+session-level futures poller, joined sampling sessions, server-side custom losses, zstd
+bodies), so the client never calls their endpoints.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from twinkle.server.errors import NotFound
+from twinkle.server.routes.common import caller, state_of
+from twinkle.server.routes.runs import page
+
+router = APIRouter()
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "sample_use_retrieve_futures": False,
+    "sample_join_sampling_session": False,
+    "custom_loss_server_side": False,
+    "proto_compress_fwdbwd": False,
+    "parallel_fwdbwd_chunks": True,
+}
+MAX_RUNS_LISTED = 1000
+
+
+@router.post("/client/config")
+async def client_config(request: Request) -> dict:
+    caller(request)
+    return dict(CLIENT_CONFIG)
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config(request: Request) -> dict:
+    caller(request)
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
+@router.post("/telemetry")
+async def telemetry(request: Request) -> dict:
+    """Accepted and dropped: the server keeps no client telemetry."""
+    caller(request)
+    return {"status": "accepted"}
+
+
+@router.get("/sessions")
+async def list_sessions(request: Request) -> dict:
+    principal = caller(request)
+    limit, offset = page(request)
+    sessions = state_of(request).store.list_sessions(principal.key_id, limit, offset)
+    return {"sessions": [session.id for session in sessions]}
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, request: Request) -> dict:
+    principal = caller(request)
+    state = state_of(request)
+    session = state.store.get_session(principal.key_id, session_id)
+    if session is None:
+        raise NotFound(f"no session {session_id!r}")
+    runs, _ = state.store.list_runs(principal.key_id, MAX_RUNS_LISTED, 0)
+    samplers = state.tinker.sampling.session_sampler_ids(principal, session_id)
+    return {
+        "training_run_ids": [run.id for run in runs if run.session_id == session_id],
+        "sampler_ids": samplers,
+        "user_metadata": session.metadata,
+    }

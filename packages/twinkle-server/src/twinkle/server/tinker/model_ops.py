@@ -1,0 +1,143 @@
+"""The training work of Tinker requests, run on the model's worker in the run's lane.
+
+Tinker's losses are token-level SUMS and its optimizer step applies the gradient of that
+sum as it is, while a Twinkle model divides the accumulated gradients by the step's token
+count. A Tinker step is therefore the model's ``step_with(normalise=False)``, which also
+takes the learning rate, betas, eps, weight decay and clip norm that come with each
+optim_step request (Tinker's ``AdamParams``).
+
+LoRA goes where ``train_attn``/``train_mlp``/``train_unembed`` say (``lm_head`` for the
+last). NOTE: peft then saves the whole output embedding with each adapter (it treats
+``lm_head`` as an embedding layer), which is large on a real model; a client that does not
+need it passes ``train_unembed=False``.
+
+Everything here goes through the model's remote functions, so it runs the same whether the
+model is in this process (``mode: embedded``) or on a Ray group (``mode: ray``/``http``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+from peft import LoraConfig
+
+from twinkle.server.errors import BadRequest
+from twinkle.server.names import CheckpointUri
+from twinkle.server.tinker.batch import per_datum_logprobs
+
+ADAM_DEFAULTS = {
+    "learning_rate": 1e-4,
+    "beta1": 0.9,
+    "beta2": 0.95,
+    "eps": 1e-12,
+    "weight_decay": 0.0,
+    "grad_clip_norm": 0.0,
+}
+KEEP_EPHEMERAL = 8
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+UNEMBED = ["lm_head"]
+
+
+def tinker_lora_config(raw: Any, max_rank: int) -> tuple[LoraConfig, int | None]:
+    """A LoraConfig from Tinker's ``{rank, seed?, train_attn, train_mlp, train_unembed}``,
+    and the seed its weights start from."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadRequest("lora_config must be an object")
+    rank = raw.get("rank", 32)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= max_rank:
+        raise BadRequest(f"lora_config.rank must be an int in 1..{max_rank}, got {rank!r}")
+    targets: list[str] = []
+    flags = (("train_attn", ATTENTION), ("train_mlp", MLP), ("train_unembed", UNEMBED))
+    for flag, modules in flags:
+        value = raw.get(flag, True)
+        if not isinstance(value, bool):
+            raise BadRequest(f"lora_config.{flag} must be a bool, got {value!r}")
+        if value:
+            targets += modules
+    if not targets:
+        raise BadRequest("lora_config trains nothing: set train_attn, train_mlp or train_unembed")
+    seed = raw.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest(f"lora_config.seed must be an int, got {seed!r}")
+    return LoraConfig(r=rank, lora_alpha=32, target_modules=targets), seed
+
+
+def adam_params(raw: Any) -> dict[str, float]:
+    """Tinker's AdamParams with every default filled in (SDK 0.16.1 sends only those set)."""
+    if not isinstance(raw, dict):
+        raise BadRequest("optim_step needs adam_params, an object with learning_rate etc.")
+    unknown = set(raw) - set(ADAM_DEFAULTS)
+    if unknown:
+        raise BadRequest(
+            f"adam_params keys {sorted(unknown)} are unknown; use {list(ADAM_DEFAULTS)}"
+        )
+    params = {**ADAM_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise BadRequest(f"adam_params.{key} must be a number >= 0, got {value!r}")
+    if params["learning_rate"] <= 0:
+        raise BadRequest("adam_params.learning_rate must be > 0")
+    return {k: float(v) for k, v in params.items()}
+
+
+def prepare_run(service: Any, adapter: str) -> None:
+    """A new Tinker run's optimizer (AdamW; each step sets its hyperparameters)."""
+    service.model.set_optimizer("AdamW", adapter_name=adapter, lr=ADAM_DEFAULTS["learning_rate"])
+
+
+def forward_backward(
+    service: Any,
+    adapter: str,
+    batch: dict[str, torch.Tensor],
+    loss_inputs: dict[str, torch.Tensor],
+    lengths: list[int],
+    loss: Any,
+    forward_only: bool,
+) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+    """Run a batch from ``batch.build_batch``; returns per-datum ``{"logprobs": array}`` and
+    the metrics (``loss:sum``: the Tinker loss summed over the request's tokens)."""
+    model = service.model
+    model.set_loss(loss, adapter_name=adapter)
+    run = model.forward_only if forward_only else model.forward_backward
+    logps = run(batch, adapter_name=adapter, **loss_inputs).logps
+    with torch.no_grad():
+        loss_sum = float(loss(batch, {"logps": logps}, **loss_inputs)["loss"])
+    outputs = [{"logprobs": row} for row in per_datum_logprobs(logps, lengths)]
+    return outputs, {"loss:sum": loss_sum}
+
+
+def save_ephemeral(service: Any, principal: Any, live: Any, sampling_seq: int) -> str:
+    """The run's adapter in a folder of its own for one sampling session; not a checkpoint
+    (unlisted, never resumed from). Returns the folder."""
+    uri = CheckpointUri(live.run.id, "sampler_weights", f"ephemeral-{sampling_seq}")
+    parent = service.checkpoint_folder(principal.key_id, uri).parent.parent / "ephemeral"
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = service.model.save(uri.name, parent, adapter_name=live.adapter, save_optimizer=False)
+    # An RL loop saves one per step: keep the few its sampling clients may still be loading.
+    older = sorted(parent.glob("ephemeral-*"), key=lambda p: p.stat().st_mtime)
+    for stale in older[:-KEEP_EPHEMERAL]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return folder
+
+
+def optim_step(service: Any, adapter: str, params: dict[str, float]) -> dict[str, float]:
+    """One AdamW step on the summed gradients (see the module docstring)."""
+    clip = params["grad_clip_norm"]
+    norm = service.model.step_with(
+        adapter_name=adapter,
+        optimizer_params={
+            "lr": params["learning_rate"],
+            "betas": (params["beta1"], params["beta2"]),
+            "eps": params["eps"],
+            "weight_decay": params["weight_decay"],
+        },
+        max_grad_norm=clip if clip > 0 else None,
+        normalise=False,
+    )
+    return {} if norm is None else {"grad_norm:mean": float(norm)}

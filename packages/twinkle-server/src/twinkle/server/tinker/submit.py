@@ -1,0 +1,77 @@
+"""Submitting Tinker work: a future id at once, the work in seq_id order on the model's lane.
+
+Every Tinker training request answers ``{"request_id", "model_id"}`` right away; the client
+then polls ``retrieve_future``. A request rejected before queueing (bad body, unknown model)
+frees its seq_id so the requests after it do not wait for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+
+from twinkle.server.errors import ApiError, BadRequest
+from twinkle.server.routes.common import idempotency_key, state_of
+
+
+def seq_of(body: dict[str, Any]) -> int:
+    seq_id = body.get("seq_id")
+    if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+        raise BadRequest(f"seq_id must be an int >= 0, got {seq_id!r}")
+    return seq_id
+
+
+async def checked(
+    request: Request, model_id: Any, seq_id: int, prepare: Callable[[], Awaitable[Any]]
+) -> Any:
+    """``await prepare()``, freeing ``seq_id`` in the ordering when it raises a user error."""
+    try:
+        return await prepare()
+    except ApiError:
+        if isinstance(model_id, str):
+            state_of(request).tinker.ordering.skip(model_id, seq_id)
+        raise
+
+
+def submit_ordered(
+    request: Request,
+    principal: Any,
+    live: Any,
+    seq_id: int,
+    operation: str,
+    work: Callable[[], Any],
+) -> dict[str, Any]:
+    """Queue ``work`` for ``live``'s run behind every smaller seq_id; answer its future."""
+    state = state_of(request)
+    model_id = live.run.id
+    ordering = state.tinker.ordering
+    existing = ordering.known(model_id, seq_id)
+    if existing is not None:  # a resubmit: the first request's work is the answer
+        return {"request_id": existing, "model_id": model_id}
+    future_id, placeholder = state.futures.reserve(
+        principal.key_id, operation, idempotency_key(request)
+    )
+    if placeholder is None:
+        return {"request_id": future_id, "model_id": model_id}
+    model = state.model
+
+    def release() -> None:
+        state.futures.start(placeholder, model.worker, model_id, lambda: model.run_for(live, work))
+
+    ordering.submit(model_id, seq_id, future_id, release)
+    return {"request_id": future_id, "model_id": model_id}
+
+
+def submit_unordered(
+    request: Request, principal: Any, lane: str, operation: str, work: Callable[[], Any]
+) -> dict[str, Any]:
+    """Queue work that no seq_id orders (creating a model) on the model's ``lane``."""
+    state = state_of(request)
+    future_id, placeholder = state.futures.reserve(
+        principal.key_id, operation, idempotency_key(request)
+    )
+    if placeholder is not None:
+        state.futures.start(placeholder, state.model.worker, lane, work)
+    return {"request_id": future_id}

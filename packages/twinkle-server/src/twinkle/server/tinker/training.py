@@ -1,0 +1,315 @@
+"""Tinker's training routes: create_model, get_info, forward_backward/forward, optim_step,
+save_weights, save_weights_for_sampler and load_weights.
+
+A Tinker model is a Twinkle training run (``model_id`` = ``<session>:train:<n>``, the id the
+SDK derives itself), so it shows in both clients' listings and its checkpoints are the same
+records. Work goes to the model's worker in the run's lane, in seq_id order (``submit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from peft import LoraConfig
+
+from twinkle.server.errors import BadRequest, Conflict, NotFound, Unavailable
+from twinkle.server.names import CheckpointUri, check_name, parse_uri
+from twinkle.server.routes.common import caller, field, json_body, ready, state_of
+from twinkle.server.tinker import model_ops
+from twinkle.server.tinker.batch import build_batch
+from twinkle.server.tinker.submit import checked, seq_of, submit_ordered, submit_unordered
+
+router = APIRouter()
+TINKER_SCHEME = "tinker://"
+
+
+def tinker_path(uri: CheckpointUri) -> str:
+    return f"{TINKER_SCHEME}{uri.run_id}/{uri.kind}/{uri.name}"
+
+
+def _check_base_model(state: Any, base_model: Any) -> None:
+    served = state.model.base_model
+    if base_model is not None and base_model != served:
+        raise BadRequest(
+            f"this server trains {served!r}, not {base_model!r}; pass base_model={served!r}"
+        )
+
+
+def _check_optimizer(raw: Any) -> None:
+    kind = raw.get("type", "adamw") if isinstance(raw, dict) else raw
+    if raw is not None and kind != "adamw":
+        raise BadRequest(f"optimizer {kind!r} is not supported; this server trains with adamw")
+
+
+def _new_run(
+    state: Any,
+    principal: Any,
+    session_id: str,
+    run_id: str,
+    lora: LoraConfig,
+    seed: int | None,
+    metadata: dict[str, Any],
+) -> Any:
+    """Runs on the worker: take a LoRA slot (seeded like Tinker's ``lora_config.seed``)."""
+    run = state.model.create_run(
+        principal, session_id, run_id, "tinker", lora, 1, metadata, seed=seed
+    )
+    live = state.model.live[run.id]
+    model_ops.prepare_run(state.model, live.adapter)
+    return live
+
+
+def _model_id_for(state: Any, principal: Any, body: dict[str, Any]) -> tuple[Any, str]:
+    session = state.sessions.get_open(principal, field(body, "session_id", str))
+    model_seq = field(body, "model_seq_id", int)
+    if model_seq < 0:
+        raise BadRequest("model_seq_id must be >= 0")
+    return session, f"{session.id}:train:{model_seq}"
+
+
+@router.post("/create_model")
+async def create_model(request: Request) -> dict:
+    principal = caller(request)
+    state = ready(state_of(request))
+    body = await json_body(request)
+    session, run_id = _model_id_for(state, principal, body)
+    existing = state.tinker.ordering.known(run_id, 0)
+    if existing is not None:
+        return {"request_id": existing, "model_id": run_id}
+    if state.store.get_run(principal.key_id, run_id) is not None:
+        raise Conflict(f"model {run_id} already exists; use the next model_seq_id")
+    _check_base_model(state, field(body, "base_model", str, None))
+    _check_optimizer(body.get("optimizer_config"))
+    lora, seed = model_ops.tinker_lora_config(body.get("lora_config"), state.config.model.max_rank)
+    metadata = field(body, "user_metadata", dict, {})
+
+    def create() -> dict:
+        _new_run(state, principal, session.id, run_id, lora, seed, metadata)
+        return {"model_id": run_id, "type": "create_model"}
+
+    answer = submit_unordered(request, principal, run_id, "create_model", create)
+    state.tinker.ordering.open(run_id, answer["request_id"])
+    return {**answer, "model_id": run_id}
+
+
+@router.post("/get_info")
+async def get_info(request: Request) -> dict:
+    principal = caller(request)
+    state = ready(state_of(request))
+    body = await json_body(request)
+    model_id = field(body, "model_id", str)
+    run = state.store.get_run(principal.key_id, model_id)
+    if run is None:
+        raise NotFound(f"no model {model_id!r}")
+    folder = state.model.model_folder
+    return {
+        "type": "get_info",
+        "model_id": run.id,
+        "model_data": {
+            "model_name": run.base_model,
+            # The SDK loads the tokenizer itself; a local folder needs no hub.
+            "tokenizer_id": folder if folder is not None else run.base_model,
+            "arch": "lora",
+        },
+        "model_name": run.base_model,
+        "is_lora": True,
+        "lora_rank": run.lora_rank,
+        "optimizer_config": {"type": "adamw"},
+    }
+
+
+async def _fwdbwd(request: Request, forward_route: bool) -> dict:
+    from twinkle.server.tinker.codec import (
+        RejectedRequest,
+        decode_forward_backward,
+        encode_forward_backward_output,
+    )
+    from twinkle.server.tinker.losses import build_tinker_loss
+
+    principal = caller(request)
+    state = ready(state_of(request))
+    raw = await request.body()
+    try:
+        fwd = decode_forward_backward(raw, request.headers.get("content-type", ""))
+    except RejectedRequest as exc:  # its seq_id was read: free it for the model's next ones
+        if state.store.get_run(principal.key_id, exc.model_id) is not None:
+            state.tinker.ordering.skip(exc.model_id, exc.seq_id)
+        raise
+    if fwd.seq_id is None:
+        raise BadRequest("forward_backward needs the request's seq_id")
+
+    async def prepare() -> tuple:
+        live = state.model.live_run(principal, fwd.model_id)
+        if state.model.workers > 1:
+            raise Unavailable(
+                f"the model runs on {state.model.workers} data-parallel workers, which return "
+                "the first worker's outputs only; Tinker needs every datum's logprobs: serve "
+                "Tinker runs from a model group with ranks: 1"
+            )
+        loss = build_tinker_loss(fwd.loss_fn, fwd.loss_fn_config)
+        built = build_batch(fwd.data, state.model.vocab_size, state.model.pad_token_id)
+        return live, loss, built
+
+    live, loss, (batch, loss_inputs, lengths) = await checked(
+        request, fwd.model_id, fwd.seq_id, prepare
+    )
+    forward_only = forward_route or fwd.forward_only
+
+    def work() -> Any:
+        outputs, metrics = model_ops.forward_backward(
+            state.model, live.adapter, batch, loss_inputs, lengths, loss, forward_only
+        )
+        return encode_forward_backward_output(outputs, metrics)
+
+    operation = "forward" if forward_only else "forward_backward"
+    return submit_ordered(request, principal, live, fwd.seq_id, operation, work)
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request) -> dict:
+    return await _fwdbwd(request, forward_route=False)
+
+
+@router.post("/forward")
+async def forward(request: Request) -> dict:
+    """SDK 0.16.1's forward (0.38 sends forward_backward with forward_only)."""
+    return await _fwdbwd(request, forward_route=True)
+
+
+async def _ordered_request(request: Request) -> tuple[Any, Any, dict[str, Any], int]:
+    principal = caller(request)
+    state = ready(state_of(request))
+    body = await json_body(request)
+    return principal, state, body, seq_of(body)
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request) -> dict:
+    principal, state, body, seq_id = await _ordered_request(request)
+
+    async def prepare() -> tuple:
+        live = state.model.live_run(principal, field(body, "model_id", str))
+        optimizer = body.get("optimizer_params")
+        if optimizer is not None:
+            _check_optimizer(optimizer)
+        return live, model_ops.adam_params(body.get("adam_params"))
+
+    live, params = await checked(request, body.get("model_id"), seq_id, prepare)
+
+    def work() -> dict:
+        metrics = model_ops.optim_step(state.model, live.adapter, params)
+        return {"type": "optim_step", "metrics": metrics}
+
+    return submit_ordered(request, principal, live, seq_id, "optim_step", work)
+
+
+@router.post("/save_weights")
+async def save_weights(request: Request) -> dict:
+    principal, state, body, seq_id = await _ordered_request(request)
+
+    async def prepare() -> tuple:
+        live = state.model.live_run(principal, field(body, "model_id", str))
+        return live, check_name(field(body, "path", str))
+
+    live, name = await checked(request, body.get("model_id"), seq_id, prepare)
+    overwrite = bool(body.get("overwrite", False))
+
+    def work() -> dict:
+        taken = state.store.get_checkpoint(principal.key_id, live.run.id, "weights", name)
+        if taken is not None and not overwrite:
+            raise Conflict(f"checkpoint weights/{name} exists; pick another name or overwrite")
+        uri = parse_uri(state.model._save(principal, live, name, True, None, overwrite))
+        return {"type": "save_weights", "path": tinker_path(uri)}
+
+    return submit_ordered(request, principal, live, seq_id, "save_weights", work)
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request) -> dict:
+    """Named (``path``: a sampler checkpoint) or ephemeral (no path: weights registered as
+    a sampling session, for ``save_weights_and_get_sampling_client``)."""
+    principal, state, body, seq_id = await _ordered_request(request)
+
+    async def prepare() -> tuple:
+        live = state.model.live_run(principal, field(body, "model_id", str))
+        name = body.get("path")
+        if name is not None:
+            return live, check_name(name), None
+        if state.sampler is None or not state.sampler.available:
+            raise BadRequest(
+                "this server has no sampler enabled: it cannot serve a sampling client"
+            )
+        return live, None, field(body, "sampling_session_seq_id", int)
+
+    live, name, sampling_seq = await checked(request, body.get("model_id"), seq_id, prepare)
+
+    def named() -> dict:
+        path = state.model._save(principal, live, name, False, None, True, "sampler_weights")
+        return {"type": "save_weights_for_sampler", "path": tinker_path(parse_uri(path))}
+
+    def ephemeral() -> dict:
+        folder = model_ops.save_ephemeral(state.model, principal, live, sampling_seq)
+        sampler_id = state.tinker.sampling.register(
+            principal, live.run.session_id, sampling_seq, folder
+        )
+        return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
+
+    work = named if name is not None else ephemeral
+    return submit_ordered(request, principal, live, seq_id, "save_weights_for_sampler", work)
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request) -> dict:
+    """With ``model_id``: load a checkpoint into that model (in seq_id order). Without (SDK
+    0.38's create_training_client_from_state): create ``<session>:train:<model_seq_id>``
+    from the checkpoint's run settings, then load it."""
+    principal = caller(request)
+    state = ready(state_of(request))
+    body = await json_body(request)
+    path = field(body, "path", str)
+    optimizer = bool(body.get("optimizer", False))
+    if body.get("model_id") is None:
+        return _create_from_checkpoint(request, principal, state, body, path, optimizer)
+    seq_id = seq_of(body)
+
+    async def prepare() -> Any:
+        live = state.model.live_run(principal, field(body, "model_id", str))
+        state.model.owned_checkpoint(principal, path)
+        return live
+
+    live = await checked(request, body.get("model_id"), seq_id, prepare)
+
+    def work() -> dict:
+        state.model._load(principal, live, path, load_optimizer=optimizer)
+        return {"type": "load_weights", "path": path, "model_id": live.run.id}
+
+    return submit_ordered(request, principal, live, seq_id, "load_weights", work)
+
+
+def _create_from_checkpoint(
+    request: Request, principal: Any, state: Any, body: dict, path: str, optimizer: bool
+) -> dict:
+    session, run_id = _model_id_for(state, principal, body)
+    existing = state.tinker.ordering.known(run_id, 0)
+    if existing is not None:
+        return {"request_id": existing, "model_id": run_id}
+    if state.store.get_run(principal.key_id, run_id) is not None:
+        raise Conflict(f"model {run_id} already exists; use the next model_seq_id")
+    record = state.model.owned_checkpoint(principal, path)
+    source = state.store.get_run(principal.key_id, record.run_id)
+    if source is None:
+        raise NotFound(f"no training run {record.run_id!r} for checkpoint {path}")
+    _check_base_model(state, field(body, "base_model", str, None))
+    _check_optimizer(body.get("optimizer_config"))
+    lora = LoraConfig(**source.lora_config)
+    metadata = field(body, "user_metadata", dict, source.user_metadata)
+
+    def create_and_load() -> dict:
+        live = _new_run(state, principal, session.id, run_id, lora, None, metadata)
+        state.model._load(principal, live, path, load_optimizer=optimizer)
+        return {"type": "load_weights", "path": path, "model_id": run_id}
+
+    answer = submit_unordered(request, principal, run_id, "load_weights", create_and_load)
+    state.tinker.ordering.open(run_id, answer["request_id"])
+    return {**answer, "model_id": run_id}
