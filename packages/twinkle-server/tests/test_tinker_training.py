@@ -177,6 +177,23 @@ def test_bad_requests_are_4xx_with_a_json_body_and_free_their_seq_id(tinker):
     assert tinker.logprobs(tinker.submit("/forward", fwd_body(model_id, s + 2, forward=True))).size
 
 
+def test_another_key_cannot_free_a_tenants_seq_id(tinker, server, make_tenant, monkeypatch):
+    """Bob's rejected request naming Alice's model and her next seq_id must not move her
+    sequence: her later request still waits for her own."""
+    monkeypatch.setattr(futures_route, "LONG_POLL_S", 0.05)
+    _, http, keys = server
+    bob = make_tenant(http, keys["bob"])
+    model_id, s = tinker.model_id, tinker.seq
+    tinker.seq += 2
+    rejected = bob.post("/optim_step", {"model_id": model_id, "seq_id": s + 1, "adam_params": {}})
+    assert rejected.status_code == 404, rejected.text
+    held = tinker.submit("/forward", fwd_body(model_id, s + 2, forward=True))
+    assert tinker.retrieve(held).json()["type"] == "try_again"
+    tinker.submit("/forward", fwd_body(model_id, s + 1, forward=True))
+    monkeypatch.setattr(futures_route, "LONG_POLL_S", 60.0)
+    assert tinker.logprobs(held).shape == (len(TOKENS),)
+
+
 def test_the_step_applies_the_gradient_of_the_sum(tinker):
     """Tinker losses are sums and the step does not divide them: the gradient norm (before
     a clip that never bites) doubles for a datum given twice, in one call or in two."""

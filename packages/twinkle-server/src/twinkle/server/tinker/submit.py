@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 
 from twinkle.server.errors import ApiError, BadRequest
-from twinkle.server.routes.common import idempotency_key, state_of
+from twinkle.server.routes.common import caller, idempotency_key, state_of
 
 
 def seq_of(body: dict[str, Any]) -> int:
@@ -26,12 +26,14 @@ def seq_of(body: dict[str, Any]) -> int:
 async def checked(
     request: Request, model_id: Any, seq_id: int, prepare: Callable[[], Awaitable[Any]]
 ) -> Any:
-    """``await prepare()``, freeing ``seq_id`` in the ordering when it raises a user error."""
+    """``await prepare()``, freeing ``seq_id`` in the ordering when it raises a user error
+    (only for the caller's own runs: another key must not move a tenant's sequence)."""
     try:
         return await prepare()
     except ApiError:
-        if isinstance(model_id, str):
-            state_of(request).tinker.ordering.skip(model_id, seq_id)
+        state = state_of(request)
+        if isinstance(model_id, str) and state.store.get_run(caller(request).key_id, model_id):
+            state.tinker.ordering.skip(model_id, seq_id)
         raise
 
 
