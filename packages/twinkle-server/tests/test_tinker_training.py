@@ -15,6 +15,7 @@ import torch
 
 from twinkle.server.tinker import futures_route, proto_schema
 from twinkle.server.tinker.results import PROTO_MEDIA_TYPE
+from twinkle.server.tinker.training import tokenizer_id
 
 TOKENS = [5, 9, 17, 33, 2, 40]
 TARGETS = [9, 17, 33, 2, 40, 7]
@@ -226,3 +227,10 @@ def test_publish_and_ttl_are_refused_not_ignored(tinker):
         assert response.status_code == 400, response.text
         assert response.json()["category"] == "user"
         assert "does not publish" in response.json()["error"]
+
+
+def test_tokenizer_id_is_a_hub_repo_id_when_the_model_came_from_a_hub():
+    folder = "/srv/models/tiny"
+    assert tokenizer_id("ms://Qwen/Qwen3-4B", folder) == "Qwen/Qwen3-4B"
+    assert tokenizer_id("hf://org/name@v1", None) == "org/name"
+    assert tokenizer_id("bundled://tiny-qwen3", folder) == folder

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from peft import LoraConfig
 
+from twinkle.hub.ids import HubId, parse_id
 from twinkle.server.errors import BadRequest, Conflict, NotFound, Unavailable
 from twinkle.server.names import CheckpointUri, check_name, parse_uri
 from twinkle.server.routes.common import caller, field, json_body, ready, state_of
@@ -102,14 +103,12 @@ async def get_info(request: Request) -> dict:
     run = state.store.get_run(principal.key_id, model_id)
     if run is None:
         raise NotFound(f"no model {model_id!r}")
-    folder = state.model.model_folder
     return {
         "type": "get_info",
         "model_id": run.id,
         "model_data": {
             "model_name": run.base_model,
-            # The SDK loads the tokenizer itself; a local folder needs no hub.
-            "tokenizer_id": folder if folder is not None else run.base_model,
+            "tokenizer_id": tokenizer_id(run.base_model, state.model.model_folder),
             "arch": "lora",
         },
         "model_name": run.base_model,
@@ -313,3 +312,16 @@ def _create_from_checkpoint(
     answer = submit_unordered(request, principal, run_id, "load_weights", create_and_load)
     state.tinker.ordering.open(run_id, answer["request_id"])
     return {**answer, "model_id": run_id}
+
+
+def tokenizer_id(base_model: str, folder: str | None) -> str:
+    """What the SDK passes to ``AutoTokenizer.from_pretrained`` on the client's machine: the
+    repo id of a hub model (``ms://Qwen/Qwen3-4B`` -> ``Qwen/Qwen3-4B``, also on Hugging
+    Face), else the server's local folder (bundled or local models: same-machine clients)."""
+    try:
+        parsed = parse_id(base_model)
+    except (ValueError, FileNotFoundError, TypeError):
+        parsed = None
+    if isinstance(parsed, HubId):
+        return parsed.repo_id
+    return folder if folder is not None else base_model
