@@ -11,7 +11,12 @@ time and bytes, and the stages of one GRPO step.
 2. **Weight sync** of the ~50M model into a TorchSampler in process: a full (merged) sync
    against a LoRA-only sync (r=8, all-linear), time and bytes; and the same two over
    torch.distributed (``BroadcastEngine``, gloo, 2 processes on this machine, 64 MiB
-   buckets), the transport the Ray two-group layout uses.
+   buckets). Then across two Ray groups (a 'model' and a 'sampler' worker, local CPU
+   cluster, ``--bucket-mib`` buckets): the bucketed broadcast (``transport='broadcast'``, the
+   default) against the
+   shared checkpoint folder (``transport='folder'``), for a full-weight model and a LoRA
+   adapter; seconds are the driver's wall time of ``sync_weights`` (median of ``--repeats``
+   after one warm-up sync that also links the groups), MB/s = bytes moved / seconds.
 3. **One GRPO step** on the ~50M model with LoRA, 4 prompts x 4 samples, 32 new tokens:
    sample, reward, train (``forward_backward`` + ``clip_grad_and_step``), sync (LoRA).
 
@@ -225,6 +230,40 @@ def bench_sync_broadcast(repeats: int) -> dict:
         return json.loads(out.read_text())
 
 
+def bench_sync_between_groups(repeats: int, bucket_mib: int) -> dict:
+    """Bucketed broadcast vs shared folder between a 'model' and a 'sampler' Ray group."""
+    import twinkle
+    from twinkle import DeviceGroup
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    twinkle.initialize(
+        "ray",
+        groups=[
+            DeviceGroup(name="model", ranks=1, device_type="cpu"),
+            DeviceGroup(name="sampler", ranks=1, device_type="cpu"),
+        ],
+        lazy_collect=False,
+    )
+    config = medium_config()
+    rows = {}
+    for kind in ("full weights", "LoRA only"):
+        model = TransformersModel(config=config, remote_group="model")
+        if kind == "LoRA only":
+            model.add_adapter_to_model("default", lora())
+        for transport in ("broadcast", "folder"):
+            sampler = TorchSampler(config=config, remote_group="sampler")
+            manager = CheckpointEngineManager(
+                model, sampler, transport=transport, bucket_bytes=bucket_mib * 2**20
+            )
+            merge = kind == "full weights"
+            manager.sync_weights(merge_and_sync=merge)  # links the groups, sends the base once
+            runs = [timed(manager.sync_weights, merge_and_sync=merge) for _ in range(repeats)]
+            seconds = statistics.median(wall for _, wall, _ in runs)
+            rows[(kind, transport)] = {"bytes": runs[0][0].bytes, "seconds": seconds}
+            del manager, sampler
+    return rows
+
+
 def grpo_rewards(features: list) -> list[float]:
     accuracy, form = GSM8KAccuracyReward()(features), GSM8KFormatReward()(features)
     # A small ramp keeps the advantages non-zero on a random model that never scores.
@@ -271,6 +310,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--broadcast-worker", help=argparse.SUPPRESS)
     parser.add_argument("--skip-broadcast", action="store_true")
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument(
+        "--bucket-mib", type=int, default=16, help="Ray broadcast bucket size (the default's)"
+    )
     args = parser.parse_args()
     if args.broadcast_worker:
         broadcast_worker(args.broadcast_worker, args.repeats)
@@ -300,6 +343,20 @@ def main() -> None:
         for kind, r in bench_sync_broadcast(args.repeats).items():
             print(
                 f"| gloo broadcast, 2 processes | {kind} | | {r['bytes']:,} | {r['seconds']:.4f} |"
+            )
+    if not args.skip_ray:
+        print(
+            "\n## Weight sync across two Ray groups, ~50M model (1 model + 1 sampler worker, "
+            f"{args.bucket_mib} MiB buckets)\n"
+        )
+        print("| kind | transport | bytes per sync | seconds per sync | MB/s | vs folder |")
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        rows = bench_sync_between_groups(args.repeats, args.bucket_mib)
+        for (kind, transport), r in rows.items():
+            folder = rows[(kind, "folder")]["seconds"]
+            print(
+                f"| {kind} | {transport} | {r['bytes']:,} | {r['seconds']:.3f} | "
+                f"{r['bytes'] / r['seconds'] / 1e6:,.0f} | {folder / r['seconds']:.2f}x |"
             )
     print("\n## One GRPO step, ~50M model with LoRA (4 prompts x 4 samples)\n")
     stages = bench_grpo_step(args.repeats, args.new_tokens)

@@ -16,7 +16,10 @@ Changed from the documents, and why:
 
 The tiny model is random, so GSM8K rewards stay 0 and nothing is learned: this shows the
 two-group mechanics (sampling on one group, training on the other, weight sync between
-them without the driver). ``cookbook/rl/grpo_arithmetic.py`` is the recipe that learns.
+them without the driver: ``CheckpointEngineManager`` links the model group's rank 0 and the
+sampler workers in a process group of their own and broadcasts the base weights once, then
+only the adapter, in buckets; gloo here, NCCL on GPUs). ``cookbook/rl/grpo_arithmetic.py``
+is the recipe that learns.
 ``TWINKLE_MAX_STEPS`` (or ``MAX_STEPS``) bounds the run.
 """
 

@@ -7,8 +7,10 @@ pure rules of ``dispatch.py``, runs the method, and collects the results with
 ``collect.py``: at once, or, with ``lazy_collect``, as a LazyResult left in the
 object store. Inputs that hold lazy results (or other components) are sent as
 references and dispatched on the workers, so their data never visits the driver.
-``for batch in loader``, ``len(loader)`` and ``processor(features)`` work
-through the remote ``__iter__``/``__next__``/``__len__``/``__call__``.
+``for batch in loader``, ``len(loader)``, ``dataset[i]`` and ``reward(trajectories)`` work
+through the remote ``__iter__``/``__next__``/``__len__``/``__getitem__``/``__call__``: Python
+looks dunders up on the type, never through ``__getattr__``, so each has its own proxy here.
+A method that overrides a remote function without its own decorator inherits the spec.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from twinkle.infra.ray_errors import CallSite
 from twinkle.infra.ray_lazy import SELF, CallInfo, LazyResult, fetch, holds_remote_values
 from twinkle.infra.ray_runtime import get_runtime
 from twinkle.infra.ray_traffic import record_received, record_sent
-from twinkle.infra.remote import RemoteSpec
+from twinkle.infra.remote import RemoteSpec, find_remote_spec
 from twinkle.infra.state import get_lazy_collect
 from twinkle.mesh import DeviceMesh
 
@@ -77,7 +79,7 @@ class RemoteComponent:
 
     def __getattr__(self, name: str) -> Any:
         cls = self._twinkle[0]
-        spec = getattr(getattr(cls, name, None), "__twinkle_remote__", None)
+        spec = find_remote_spec(cls, name)
         if spec is None:
             raise AttributeError(
                 f"{cls.__name__}.{name} is not a @remote_function, so it cannot be used on a "
@@ -145,15 +147,33 @@ class RemoteComponent:
     def __len__(self) -> int:
         return self._dunder("__len__")
 
+    def __getitem__(self, key: Any) -> Any:
+        return self._dunder("__getitem__", key)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._dunder("__call__", *args, **kwargs)
 
+    def __bool__(self) -> bool:
+        """True, as for any object, unless the component has a remote ``__len__``: then
+        ``len(...) > 0``. (Without this, ``if component:`` would call the ``__len__`` proxy.)"""
+        if find_remote_spec(self._twinkle[0], "__len__") is None:
+            return True
+        return len(self) > 0
+
     def _dunder(self, name: str, *args: Any, **kwargs: Any) -> Any:
         cls = self._twinkle[0]
-        spec = getattr(getattr(cls, name, None), "__twinkle_remote__", None)
+        spec = find_remote_spec(cls, name)
         if spec is None:
-            raise TypeError(f"{cls.__name__}.{name} is not a @remote_function")
+            raise TypeError(
+                f"{cls.__name__}.{name} is not a @remote_function, so it cannot run on the "
+                f"workers of group {self._twinkle[1].name!r}"
+            )
         return self._call(name, spec, *args, **kwargs)
+
+    @property
+    def remote_group(self) -> str:
+        """The DeviceGroup the component lives on (as ``self.remote_group`` on the workers)."""
+        return self._twinkle[1].name
 
     def __del__(self) -> None:
         """Let the workers drop the component when the driver no longer holds it."""
@@ -183,6 +203,16 @@ def _ids(group: Any, ranks: list[int]) -> list[str]:
 def _dp(workers: int, mesh: DeviceMesh | None) -> DeviceMesh:
     device_type = mesh.device_type if mesh is not None else "cpu"
     return DeviceMesh.from_sizes(dp_size=workers, device_type=device_type)
+
+
+def wait_for(*results: LazyResult) -> list[Any]:
+    """Wait for lazy calls and return their values, raising a failure here, once, rather than
+    again at the next call: how to finish calls that must run at the same time on different
+    groups (both ends of a transfer), started lazily and then awaited together."""
+    refs = [ref for result in results for ref in result.refs]
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+    get_runtime().raise_earlier_failures()
+    return [result.resolve() for result in results]
 
 
 def build_remote(cls: type, args: tuple, kwargs: dict, group_name: str) -> RemoteComponent:

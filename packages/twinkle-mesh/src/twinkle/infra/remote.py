@@ -94,6 +94,17 @@ def remote_function(
     return mark
 
 
+def find_remote_spec(cls: type, name: str) -> RemoteSpec | None:
+    """The ``@remote_function`` spec of ``cls.name``, inherited through the MRO: a subclass
+    that overrides a remote method without decorating it again (a Reward's ``__call__``)
+    keeps the spec of the method it overrides; None when no class in the MRO marks it."""
+    for klass in cls.__mro__:
+        spec = getattr(getattr(klass, name, None), "__twinkle_remote__", None)
+        if spec is not None:
+            return spec
+    return None
+
+
 def _check_remote_group(remote_group: object) -> None:
     if not isinstance(remote_group, str):
         raise TypeError(

@@ -5,6 +5,7 @@ from twinkle.checkpoint_engine.broadcast import BroadcastEngine
 from twinkle.checkpoint_engine.in_process import InProcessEngine
 from twinkle.checkpoint_engine.manager import CheckpointEngineManager
 from twinkle.checkpoint_engine.payload import Payload
+from twinkle.checkpoint_engine.peer_group import PeerGroup
 
 __all__ = [
     "BroadcastEngine",
@@ -12,6 +13,7 @@ __all__ = [
     "CheckpointEngineManager",
     "InProcessEngine",
     "Payload",
+    "PeerGroup",
     "TransferStats",
     "apply_payload",
 ]

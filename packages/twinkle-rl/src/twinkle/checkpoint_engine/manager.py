@@ -6,12 +6,15 @@ base weights once, then only the adapter's tensors, which the sampler runs as a 
 for a rank-8 adapter that is well under 1% of the bytes. A model without adapters always
 sends its full weights. One manager keeps to one of the two modes.
 
-When model and sampler are Ray components on two DeviceGroups, the sync goes through a
-checkpoint folder: the model's workers ``save`` (adapter only, or the full weights without
-an adapter; no optimizer state) into ``sync_dir`` and the sampler's workers
-``load_checkpoint`` it, so no tensor passes through the driver. The folder must be on a
-filesystem both groups see (one machine, or a shared mount). The sampler builds its base
-from the same ``model_id``, so an adapter alone brings it level with a merged sync.
+When model and sampler are Ray components on two DeviceGroups, ``transport='broadcast'``
+(the default) links the model group's rank 0 and every sampler worker in a process group of
+their own and broadcasts the same payloads in buckets of ``bucket_bytes``
+(``between_groups.GroupBroadcast``; gloo on CPU, NCCL on CUDA). ``transport='folder'`` goes
+through a checkpoint folder instead: the model's workers ``save`` (adapter only, or the full
+weights without an adapter; no optimizer state) into ``sync_dir`` and the sampler's workers
+``load_checkpoint`` it; the folder must be on a filesystem both groups see, and the sampler
+builds its base from the same ``model_id``, so an adapter alone brings it level with a
+merged sync. Neither way passes a tensor through the driver.
 """
 
 from __future__ import annotations
@@ -25,25 +28,27 @@ from typing import Any
 import torch
 
 from twinkle.checkpoint_engine.base import CheckpointEngine, TransferStats
+from twinkle.checkpoint_engine.broadcast import DEFAULT_BUCKET_BYTES
 from twinkle.checkpoint_engine.in_process import InProcessEngine
-from twinkle.checkpoint_engine.payload import (
-    Payload,
-    adapter_names,
-    base_payload,
-    hf_module,
-    lora_payload,
-    merged_payload,
-)
+from twinkle.checkpoint_engine.payload import Payload, sync_payloads
 from twinkle.sampler.base import Sampler
+
+TRANSPORTS = ("broadcast", "folder")
 
 
 def check_same_architecture(payload: Payload, sampler: Sampler) -> None:
     """A clear error when the model's weights do not fit the sampler's."""
-    theirs = sampler.weight_names()
-    ours = {n: tuple(t.shape) for n, t in payload.tensors.items()}
+    check_same_shapes(
+        {n: tuple(t.shape) for n, t in payload.tensors.items()},
+        {n: tuple(shape) for n, (shape, _) in sampler.weight_names().items()},
+    )
+
+
+def check_same_shapes(ours: dict[str, tuple], theirs: dict[str, tuple]) -> None:
+    """A clear error when the model's base weight shapes (``ours``) differ from the sampler's."""
     missing = sorted(set(ours) - set(theirs))
     extra = sorted(set(theirs) - set(ours))
-    shapes = sorted(n for n in set(ours) & set(theirs) if ours[n] != tuple(theirs[n][0]))
+    shapes = sorted(n for n in set(ours) & set(theirs) if ours[n] != tuple(theirs[n]))
     if missing or extra or shapes:
         details = []
         if missing:
@@ -54,7 +59,7 @@ def check_same_architecture(payload: Payload, sampler: Sampler) -> None:
             name = shapes[0]
             details.append(
                 f"shapes differ for {len(shapes)} weights, e.g. {name}: model {ours[name]}, "
-                f"sampler {tuple(theirs[name][0])}"
+                f"sampler {tuple(theirs[name])}"
             )
         raise ValueError(
             "sync_weights: model and sampler have different architectures ("
@@ -69,42 +74,43 @@ class CheckpointEngineManager:
     ``engine`` defaults to ``InProcessEngine(sampler)``; pass a ``BroadcastEngine`` to send to
     samplers in other processes, which call ``engine.receive(their_sampler)`` meanwhile
     (``sampler`` is then None on the trainer's side, and each receiving sampler checks the
-    names and shapes it gets). ``last_stats`` holds what the last sync moved.
+    names and shapes it gets). Between Ray groups ``transport``, ``bucket_bytes`` and
+    ``timeout_s`` (per collective) choose how the weights travel (module docstring).
+    ``last_stats`` holds what the last sync moved.
     """
 
     def __init__(
-        self, model: Any, sampler: Sampler | None, engine: CheckpointEngine | None = None
+        self,
+        model: Any,
+        sampler: Sampler | None,
+        engine: CheckpointEngine | None = None,
+        *,
+        transport: str = "broadcast",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = 600.0,
     ) -> None:
         if sampler is None and engine is None:
             raise ValueError("pass the sampler, or an engine that reaches samplers elsewhere")
+        if transport not in TRANSPORTS:
+            raise ValueError(
+                f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}"
+            )
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         self.model = model
         self.sampler = sampler
-        self.engine = engine or InProcessEngine(sampler)
+        self.engine = engine if engine is not None else InProcessEngine(sampler)
+        self.transport, self.bucket_bytes, self.timeout_s = transport, bucket_bytes, timeout_s
+        self._between_groups: Any = None
         self.sync_dir: Path | None = None
         self._syncs = 0
         self._mode: bool | None = None
         self._base_sent = False
         self.last_stats: TransferStats | None = None
 
-    def _adapter(self, adapter_name: str | None, names: list[str]) -> str | None:
-        if adapter_name is not None:
-            if adapter_name not in names:
-                raise ValueError(f"the model has no adapter {adapter_name!r}; it has {names}")
-            return adapter_name
-        if len(names) <= 1:
-            return names[0] if names else None
-        if "default" in names:
-            return "default"
-        raise ValueError(f"the model has several adapters ({names}): pass adapter_name=")
-
     def payloads(self, merge_and_sync: bool, adapter_name: str | None = None) -> list[Payload]:
         """What this sync sends, in order."""
-        module = hf_module(self.model)
-        adapter = self._adapter(adapter_name, adapter_names(module))
-        if merge_and_sync or adapter is None:
-            return [merged_payload(module, adapter)]
-        payloads = [] if self._base_sent else [base_payload(module)]
-        return [*payloads, lora_payload(module, adapter)]
+        return sync_payloads(self.model, merge_and_sync, adapter_name, not self._base_sent)
 
     def sync_weights(
         self, merge_and_sync: bool = True, *, adapter_name: str | None = None
@@ -115,7 +121,9 @@ class CheckpointEngineManager:
                 "holds weights of that mode, so keep to it (or build a new sampler and manager)"
             )
         if not _in_process(self.model):
-            return self._sync_through_folder(merge_and_sync, adapter_name)
+            if self.transport == "folder":
+                return self._sync_through_folder(merge_and_sync, adapter_name)
+            return self._sync_by_broadcast(merge_and_sync, adapter_name)
         payloads = self.payloads(merge_and_sync, adapter_name)
         if self.sampler is not None and payloads[0].kind == "base" and self._mode is None:
             check_same_architecture(payloads[0], self.sampler)
@@ -124,6 +132,22 @@ class CheckpointEngineManager:
         self._base_sent = True
         if self.sampler is not None:
             self.sampler.reset_prefix_cache()
+        return self.last_stats
+
+    def _sync_by_broadcast(self, merge_and_sync: bool, adapter_name: str | None) -> TransferStats:
+        """Ray groups: the model group's rank 0 broadcasts to the sampler workers."""
+        if self.sampler is None:
+            raise ValueError("a sync between Ray groups needs the sampler component")
+        if self._between_groups is None:
+            from twinkle.checkpoint_engine.between_groups import GroupBroadcast
+
+            link = GroupBroadcast(self.model, self.sampler, self.bucket_bytes, self.timeout_s)
+            check_same_shapes(*link.architecture())
+            self._between_groups = link
+        with_base = not self._base_sent
+        self.last_stats = self._between_groups.sync(merge_and_sync, adapter_name, with_base)
+        self._mode = merge_and_sync
+        self._base_sent = True
         return self.last_stats
 
     def _sync_through_folder(self, merge_and_sync: bool, adapter_name: str | None) -> TransferStats:

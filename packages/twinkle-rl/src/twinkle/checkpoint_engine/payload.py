@@ -70,7 +70,7 @@ def merged_payload(module: torch.nn.Module, adapter_name: str | None) -> Payload
     if adapter_name is None:
         return base_payload(module)
     merged = merged_state_dict(module, adapter_name)
-    return Payload(BASE, {name: merged[name] for name in plain_tensors(module)})
+    return Payload(BASE, {name: _local(merged[name]) for name in plain_tensors(module)})
 
 
 def lora_payload(module: PeftModel, adapter_name: str) -> Payload:
@@ -78,6 +78,33 @@ def lora_payload(module: PeftModel, adapter_name: str) -> Payload:
     config = module.peft_config[adapter_name].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     return Payload(LORA, {n: _local(t) for n, t in tensors.items()}, adapter_name, config)
+
+
+def pick_adapter(adapter_name: str | None, names: list[str]) -> str | None:
+    """The adapter a sync reads: the one named, the only one, or 'default'; None without."""
+    if adapter_name is not None:
+        if adapter_name not in names:
+            raise ValueError(f"the model has no adapter {adapter_name!r}; it has {names}")
+        return adapter_name
+    if len(names) <= 1:
+        return names[0] if names else None
+    if "default" in names:
+        return "default"
+    raise ValueError(f"the model has several adapters ({names}): pass adapter_name=")
+
+
+def sync_payloads(
+    trainer: Any, merge_and_sync: bool, adapter_name: str | None, with_base: bool
+) -> list[Payload]:
+    """What one sync sends, in order: the merged weights (or the plain ones without an
+    adapter); or, for ``merge_and_sync=False``, the base weights when ``with_base`` (the first
+    sync) and then the adapter's tensors."""
+    module = hf_module(trainer)
+    adapter = pick_adapter(adapter_name, adapter_names(module))
+    if merge_and_sync or adapter is None:
+        return [merged_payload(module, adapter)]
+    payloads = [base_payload(module)] if with_base else []
+    return [*payloads, lora_payload(module, adapter)]
 
 
 def iter_buckets(

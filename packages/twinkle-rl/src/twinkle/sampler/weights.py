@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+from torch.distributed.tensor import DTensor
 
 
 def plain_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -19,7 +20,12 @@ def plain_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name, tensor in base.state_dict(keep_vars=True).items():
         if ".lora_" in name or ".modules_to_save." in name:
             continue
-        storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
+        # A sharded (FSDP2) tensor has no storage of its own: tied weights are one object.
+        storage = (
+            id(tensor)
+            if isinstance(tensor, DTensor)
+            else (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
+        )
         if storage in seen:
             continue
         seen.add(storage)
