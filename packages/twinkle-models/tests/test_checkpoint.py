@@ -120,6 +120,23 @@ def test_adapter_checkpoint_loads_with_plain_peft(tmp_path, batch):
     assert torch.equal(logits(plain, batch), logits(model.model, batch))
 
 
+def test_lora_on_lm_head_saves_the_lora_tensors_not_the_output_matrix(tmp_path, batch):
+    """peft alone would save the whole base lm_head with the adapter (a vocabulary-sized
+    matrix per checkpoint); LoRA does not change it, so only LoRA tensors go out, and the
+    adapter still loads with plain peft and back into a model."""
+    model = make(target_modules=["q_proj", "lm_head"])
+    train(model, batch, 2)
+    path = model.save("head", output_dir=tmp_path)
+    keys = load_file(f"{path}/adapter_model.safetensors").keys()
+    assert any("lm_head.lora_" in key for key in keys)
+    assert all("lora_" in key for key in keys), sorted(keys)
+    plain = PeftModel.from_pretrained(TransformersModel(BASE, device="cpu").model, path)
+    assert torch.equal(logits(plain, batch), logits(model.model, batch))
+    again = make(target_modules=["q_proj", "lm_head"])
+    again.load(path)
+    assert torch.equal(logits(again.model, batch), logits(model.model, batch))
+
+
 def test_full_checkpoint_is_a_model_folder(tmp_path, batch):
     model = make(adapter=None)
     train(model, batch, 2)

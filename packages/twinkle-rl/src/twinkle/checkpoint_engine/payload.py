@@ -15,6 +15,7 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict
 
 from twinkle.model.transformers.merge import merged_state_dict
+from twinkle.model.transformers.weights import embedding_policy
 from twinkle.sampler.weights import plain_tensors
 
 BASE, LORA = "base", "lora"
@@ -74,7 +75,11 @@ def merged_payload(module: torch.nn.Module, adapter_name: str | None) -> Payload
 
 
 def lora_payload(module: PeftModel, adapter_name: str) -> Payload:
-    tensors = get_peft_model_state_dict(module, adapter_name=adapter_name)
+    # Only LoRA tensors: never the base lm_head/embeddings peft adds when LoRA targets them.
+    policy = embedding_policy(module, adapter_name)
+    tensors = get_peft_model_state_dict(
+        module, adapter_name=adapter_name, save_embedding_layers=policy
+    )
     config = module.peft_config[adapter_name].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
     return Payload(LORA, {n: _local(t) for n, t in tensors.items()}, adapter_name, config)

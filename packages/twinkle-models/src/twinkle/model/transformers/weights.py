@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.utils.other import EMBEDDING_LAYER_NAMES
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
@@ -57,7 +58,9 @@ def save_adapter(
     """Write one adapter's weights and config into ``folder``; returns the config as JSON.
     ``state_dict`` (the model's, gathered from shards) replaces the model's own tensors."""
     scratch = folder / ".peft"
-    extra = {} if state_dict is None else {"state_dict": state_dict}
+    extra: dict[str, Any] = {"save_embedding_layers": embedding_policy(model, adapter_name)}
+    if state_dict is not None:
+        extra["state_dict"] = state_dict
     model.save_pretrained(str(scratch), selected_adapters=[adapter_name], **extra)
     # peft puts an adapter not named 'default' into a subfolder of that name.
     written = scratch if adapter_name == "default" else scratch / adapter_name
@@ -65,6 +68,16 @@ def save_adapter(
         (written / name).replace(folder / name)
     shutil.rmtree(scratch)
     return json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
+
+
+def embedding_policy(model: PeftModel, adapter_name: str) -> bool | str:
+    """peft's ``save_embedding_layers`` for this adapter. When LoRA targets ``lm_head`` or
+    ``embed_tokens``, peft would save those whole base matrices with every adapter (hundreds of
+    MB on a real vocabulary); LoRA leaves them unchanged and Twinkle never resizes the
+    vocabulary, so only the LoRA tensors are saved. Otherwise peft's own check ('auto') stays."""
+    targets = model.peft_config[adapter_name].target_modules or ()
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    return False if any(t in EMBEDDING_LAYER_NAMES for t in targets) else "auto"
 
 
 def load_adapter_weights(model: PeftModel, adapter_name: str, folder: Path) -> None:
@@ -91,7 +104,13 @@ def read_adapter_weights(
             f"({details}); add the adapter with the LoraConfig it was trained with"
         )
     weights = load_file(folder / ADAPTER_FILES[1])
-    expected = set(get_peft_model_state_dict(model, adapter_name=adapter_name))
+    expected = set(
+        get_peft_model_state_dict(
+            model,
+            adapter_name=adapter_name,
+            save_embedding_layers=embedding_policy(model, adapter_name),
+        )
+    )
     if set(weights) != expected:
         raise CheckpointError(
             f"{folder / ADAPTER_FILES[1]} does not hold adapter {adapter_name!r}'s tensors: "
