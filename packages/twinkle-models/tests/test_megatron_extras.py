@@ -76,7 +76,7 @@ def test_lora_under_pp2_trains_like_peft_and_exports_a_peft_adapter(ranks):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(first["adapter_files"])
 
 
-def test_lora_on_moe_attention_under_ep2_matches_peft_and_experts_are_refused(ranks):
+def test_lora_on_moe_attention_under_ep2_matches_peft_and_expert_dropout_is_refused(ranks):
     for rank in ranks:
         case = rank["lora_moe_ep2"]
         assert case["losses"] == pytest.approx(case["reference_losses"], abs=LOSS_TOL)
@@ -84,8 +84,7 @@ def test_lora_on_moe_attention_under_ep2_matches_peft_and_experts_are_refused(ra
         assert case["base_frozen"] is True  # experts and router included
         assert "ep 2, dp 2" in case["configs"]
         assert case["resumed_logps_equal"] is True
-        assert "down_proj, gate_proj, up_proj" in case["experts_error"]
-        assert "target the attention projections" in case["experts_error"]
+        assert "lora_dropout=0.1 with LoRA on experts" in case["experts_error"]
     assert ranks[0]["lora_moe_ep2"]["peft_logps_diff"] < LOGIT_TOL
     assert ranks[0]["lora_moe_ep2"]["merged_logps_diff"] < LOGIT_TOL
 

@@ -8,7 +8,8 @@ Usage: torchrun --nproc_per_node=2 megatron_extras.py OUT_DIR CASE [CASE ...], w
   trip and the exported folder;
 * ``lora_pp2``: LoRA under pp2, trained like peft on the Hugging Face model and exported;
 * ``lora_moe_ep2``: LoRA on a Qwen3-MoE's attention under dp2 × ep2, the same against peft;
-  LoRA on its experts is refused;
+  LoRA with dropout on its experts is refused (peft refuses it too; expert LoRA itself is
+  tested by megatron_lora_experts);
 * ``tp2sp``, ``moe_tp2sp``, ``moe_etp2``, ``moe_tp2sp_etp1``: sequence parallel and expert
   tensor parallel layouts (``LAYOUTS``) against transformers, as in megatron_parallel;
 * ``distopt``: dp2 with the distributed optimizer, saved after two steps and resumed by a
@@ -161,7 +162,8 @@ def distopt_case(feats: list, root: Path) -> dict:
 
 
 def lora_moe_case(feats: list, folder: Path) -> dict:
-    """LoRA on a Qwen3-MoE's attention under dp2 × ep2, against peft; expert targets refused."""
+    """LoRA on a Qwen3-MoE's attention under dp2 × ep2, against peft; expert targets with
+    dropout refused."""
     from peft import LoraConfig
 
     mesh = {"dp_size": 2, "ep_size": 2}
@@ -174,7 +176,9 @@ def lora_moe_case(feats: list, folder: Path) -> dict:
         device="cpu",
     )
     try:
-        model.add_adapter_to_model("default", LoraConfig(r=4, target_modules="all-linear"))
+        model.add_adapter_to_model(
+            "default", LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.1)
+        )
         out["experts_error"] = None
     except ValueError as exc:
         out["experts_error"] = str(exc)

@@ -128,7 +128,7 @@ class MegatronCheckpointingMixin:
         if self.lora_settings is not None:
             from twinkle.model.megatron.lora import merged_hf_weights
 
-            weights = merged_hf_weights(weights, self._lora_weights(), self.lora_settings.scale)
+            weights = merged_hf_weights(weights, self._lora_weights(), self.lora_settings)
         stage = parallel_state.get_pipeline_model_parallel_rank()
         stages = parallel_state.get_pipeline_model_parallel_world_size()
         names: list[Any] = [None] * dist.get_world_size()

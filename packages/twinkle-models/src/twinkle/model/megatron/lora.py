@@ -16,10 +16,15 @@ Tensor parallelism, per kind of base layer:
 * row-parallel (``linear_proj``, ``linear_fc2``; input sharded, output all-reduced):
   ``A`` holds this rank's input columns; ``A_r x_r`` is summed over ranks by Megatron's
   reduce region (all-reduce forward, identity backward); ``B`` is replicated.
+* under sequence parallel the base layers gather the sequence (column) and reduce-scatter
+  it (row); the (tokens, r) activation does the same, and the replicated factor, which
+  then sees one slice of the sequence, is marked ``sequence_parallel`` so that
+  ``finalize_model_grads`` sums its gradient over the tensor-parallel ranks.
 
 Sharded factors carry Megatron's tensor-parallel attributes, so gradient norms count
 them once per shard and replicated ones once. Dropout, when configured, applies to the
-input of ``A`` as peft does.
+input of ``A`` as peft does. The experts and router of a mixture-of-experts model are
+adapted in ``lora_experts``, in peft's per-expert form.
 """
 
 from __future__ import annotations
@@ -48,15 +53,24 @@ PROJECTIONS = tuple(p.split(".")[-1] for projections, _ in FUSED.values() for p 
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """What the LoRA layers need from a peft LoraConfig."""
+    """What the LoRA layers need from a peft LoraConfig (as peft applies it to the model:
+    ``lora_experts.peft_config_for``)."""
 
     r: int
     scale: float
     dropout: float
     targets: tuple[str, ...]  # short Hugging Face names, e.g. ('q_proj', 'v_proj')
+    expert_targets: tuple[str, ...] = ()  # 'gate_up_proj', 'down_proj' (Qwen3-MoE experts)
+    router: bool = False  # the MoE router's gate.weight
+    lora_alpha: float = 0.0
+    use_rslora: bool = False
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_peft(cls, config) -> LoraSettings:
+        from twinkle.model.megatron.lora_experts import parse_target_parameters
+
         unsupported = {
             "use_dora": "DoRA",
             "bias": "LoRA biases",
@@ -67,8 +81,9 @@ class LoraSettings:
             value = getattr(config, field, None)
             if value not in (None, False, "none"):
                 raise ValueError(f"{what} is not supported by MegatronModel's LoRA")
+        expert_targets, router = parse_target_parameters(getattr(config, "target_parameters", None))
         targets = config.target_modules
-        if targets is None:
+        if targets is None and not (expert_targets or router):
             raise ValueError(
                 "LoraConfig.target_modules is None: name the projections to adapt "
                 f"({', '.join(PROJECTIONS)}) or pass 'all-linear'"
@@ -76,18 +91,48 @@ class LoraSettings:
         if targets in ("all-linear", "all_linear"):
             names = PROJECTIONS
         else:
-            requested = {targets} if isinstance(targets, str) else set(targets)
+            if targets is None:
+                requested = set()
+            else:
+                requested = {targets} if isinstance(targets, str) else set(targets)
             names = tuple(p for p in PROJECTIONS if p in requested)
             unknown = sorted(requested - set(PROJECTIONS))
-            if unknown or not names:
+            if unknown or not (names or expert_targets or router):
                 raise ValueError(
                     f"LoRA target_modules {sorted(requested)}: MegatronModel adapts "
                     f"{', '.join(PROJECTIONS)} (or 'all-linear'); {unknown or 'none'} "
                     "cannot be targeted"
                 )
+        if (expert_targets or router) and config.lora_dropout:
+            raise ValueError(
+                f"lora_dropout={config.lora_dropout} with LoRA on experts or the router: peft "
+                "adapts those as parameters, which it allows only without dropout; set "
+                "lora_dropout=0.0"
+            )
         r = config.r
         scale = config.lora_alpha / (math.sqrt(r) if config.use_rslora else r)
-        return cls(r=r, scale=scale, dropout=config.lora_dropout, targets=names)
+        return cls(
+            r=r,
+            scale=scale,
+            dropout=config.lora_dropout,
+            targets=names,
+            expert_targets=expert_targets,
+            router=router,
+            lora_alpha=config.lora_alpha,
+            use_rslora=bool(config.use_rslora),
+            rank_pattern=tuple(sorted((config.rank_pattern or {}).items())),
+            alpha_pattern=tuple(sorted((config.alpha_pattern or {}).items())),
+        )
+
+    def rank_and_scale(self, key: str) -> tuple[int, float]:
+        """r and scale of the Hugging Face module or parameter ``key``, with peft's rank and
+        alpha patterns (how peft gives the fused expert gate_up tensor rank 2r)."""
+        from peft.utils.other import get_pattern_key
+
+        ranks, alphas = dict(self.rank_pattern), dict(self.alpha_pattern)
+        r = ranks.get(get_pattern_key(list(ranks), key), self.r)
+        alpha = alphas.get(get_pattern_key(list(alphas), key), self.lora_alpha)
+        return r, alpha / (math.sqrt(r) if self.use_rslora else r)
 
 
 def _shard_attributes(param: nn.Parameter, dim: int | None) -> None:
@@ -136,12 +181,20 @@ class LoraParallelLinear(nn.Module):
             b = nn.Parameter(torch.zeros(b_rows, settings.r, dtype=dtype, device=device))
             _shard_attributes(a, None if column_parallel else 1)
             _shard_attributes(b, 0 if column_parallel else None)
+            # the replicated factor sees this rank's slice of the sequence only
+            (a if column_parallel else b).sequence_parallel = self.sequence_parallel
             self.lora_A[name], self.lora_B[name] = a, b
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return bool(getattr(self.base, "sequence_parallel", False))
 
     def forward(self, x: torch.Tensor, *args, **kwargs):
         from megatron.core.tensor_parallel import (
             copy_to_tensor_model_parallel_region,
+            gather_from_sequence_parallel_region,
             reduce_from_tensor_model_parallel_region,
+            reduce_scatter_to_sequence_parallel_region,
         )
 
         output, bias = self.base(x, *args, **kwargs)
@@ -149,8 +202,12 @@ class LoraParallelLinear(nn.Module):
         deltas = {}
         for name, a in self.lora_A.items():
             hidden = x @ a.t()
-            if self.column_parallel:
+            if self.column_parallel and self.sequence_parallel:
+                hidden = gather_from_sequence_parallel_region(hidden)
+            elif self.column_parallel:
                 hidden = copy_to_tensor_model_parallel_region(hidden)
+            elif self.sequence_parallel:
+                hidden = reduce_scatter_to_sequence_parallel_region(hidden)
             else:
                 hidden = reduce_from_tensor_model_parallel_region(hidden)
             deltas[name] = (hidden @ self.lora_B[name].t()) * self.scale
@@ -214,32 +271,30 @@ def _layer_shapes(spec: GPTSpec, tp: int) -> dict[str, tuple[dict[str, int], int
     }
 
 
-def _check_experts(spec: GPTSpec, settings: LoraSettings) -> None:
-    """A mixture-of-experts model's MLP is its experts and router, which this LoRA does not
-    adapt: peft 0.21 adapts Qwen3-MoE's fused expert tensors (``experts.gate_up_proj``,
-    ``experts.down_proj``, 3-D) through ``target_parameters`` with one low-rank pair per
-    tensor over all experts, and the router as a linear; mapping those onto Megatron's
-    per-expert linears is not done yet, so the request is refused rather than trained
-    differently from what peft would load."""
-    mlp = sorted({"gate_proj", "up_proj", "down_proj"} & set(settings.targets))
-    if spec.num_experts and mlp:
-        raise ValueError(
-            f"LoRA on {', '.join(mlp)}: in a mixture-of-experts model these are the experts, "
-            "which MegatronModel's LoRA does not adapt yet; target the attention projections "
-            "(target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj']), or use "
-            "TransformersModel for LoRA on experts"
-        )
-
-
 def inject_lora(
-    gpt_model: nn.Module, spec: GPTSpec, settings: LoraSettings, tp: int, tp_rank: int, seed: int
+    gpt_model: nn.Module,
+    spec: GPTSpec,
+    settings: LoraSettings,
+    tp: int,
+    tp_rank: int,
+    seed: int,
+    config=None,
 ) -> None:
-    """Freeze the model and wrap its targeted linears with LoRA layers (B = 0, A random).
+    """Freeze the model and wrap its targeted linears with LoRA layers (B = 0, A random);
+    experts and the router of a mixture-of-experts model as ``lora_experts`` does.
 
     ``A`` is drawn in full from ``seed`` (the same on every rank) and cut to this rank's
     shard, so a model's LoRA init does not depend on the tensor-parallel size.
     """
-    _check_experts(spec, settings)
+    from twinkle.model.megatron.lora_experts import inject_expert_lora
+
+    _check_dense_ranks(spec, settings)
+    if (settings.expert_targets or settings.router) and not spec.num_experts:
+        raise ValueError(
+            f"LoRA target_parameters name experts or a router ({settings.expert_targets}, "
+            f"router={settings.router}) but this {spec.model_type} model has none; target its "
+            "projections with target_modules"
+        )
     for param in gpt_model.parameters():
         param.requires_grad_(False)
     shapes = _layer_shapes(spec, tp)
@@ -247,7 +302,7 @@ def inject_lora(
         global_layer = layer.layer_number - 1
         for path, (projections, column_parallel) in FUSED.items():
             wanted = {p.split(".")[-1] for p in projections} & set(settings.targets)
-            if not wanted:
+            if not wanted or _submodule_or_none(layer, path) is None:
                 continue
             rows, in_features, out_features, assemble = shapes[path]
             parent_path, attr = path.rsplit(".", 1)
@@ -272,6 +327,24 @@ def inject_lora(
                 with torch.no_grad():
                     a.copy_(shard)
             setattr(parent, attr, wrapper)
+    if settings.expert_targets or settings.router:
+        inject_expert_lora(gpt_model, settings, config, seed)
+
+
+def _check_dense_ranks(spec: GPTSpec, settings: LoraSettings) -> None:
+    """The projections' LoRA has one r and scale; refuse rank or alpha patterns that would
+    give a projection others (peft would train something else)."""
+    for layer in range(spec.num_layers):
+        for projections, _ in FUSED.values():
+            for projection in projections:
+                if projection.split(".")[-1] not in settings.targets:
+                    continue
+                key = f"model.layers.{layer}.{projection}"
+                if settings.rank_and_scale(key) != (settings.r, settings.scale):
+                    raise ValueError(
+                        f"rank_pattern/alpha_pattern give {key} another r or alpha: "
+                        "MegatronModel's LoRA uses one r and lora_alpha for the projections"
+                    )
 
 
 def _submodule_or_none(module: nn.Module, path: str) -> nn.Module | None:
@@ -299,8 +372,11 @@ def hf_prefix(global_layer: int, path: str, projection: str) -> str:
 
 @torch.no_grad()
 def gather_lora(gpt_model: nn.Module, tp_group) -> dict[str, torch.Tensor]:
-    """This stage's LoRA weights under peft's names, full (tensor-parallel gathered)."""
+    """This stage's LoRA weights under peft's names, full (tensor- and expert-parallel
+    gathered)."""
     import torch.distributed as dist
+
+    from twinkle.model.megatron.lora_experts import gather_expert_lora
 
     tp = dist.get_world_size(tp_group)
     out = {}
@@ -318,6 +394,7 @@ def gather_lora(gpt_model: nn.Module, tp_group) -> dict[str, torch.Tensor]:
             prefix = hf_prefix(layer, path, name)
             out[f"{prefix}.lora_A.weight"] = a.cpu().clone()
             out[f"{prefix}.lora_B.weight"] = b.cpu().clone()
+    out.update(gather_expert_lora(gpt_model))
     return out
 
 
@@ -326,6 +403,9 @@ def load_lora(
     gpt_model: nn.Module, weights: dict[str, torch.Tensor], tp: int, tp_rank: int
 ) -> None:
     """Fill the LoRA layers from peft-named full weights, cutting this rank's shards."""
+    from twinkle.model.megatron.lora_experts import load_expert_lora
+
+    load_expert_lora(gpt_model, weights)
     for layer, path, module in lora_modules(gpt_model):
         for name in module.lora_A:
             prefix = hf_prefix(layer, path, name)
@@ -347,10 +427,14 @@ def load_lora(
 
 
 def merged_hf_weights(
-    weights: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], scale: float
+    weights: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], settings: LoraSettings
 ) -> dict[str, torch.Tensor]:
-    """Hugging Face weights with every LoRA pair merged in: ``W + scale * B @ A``."""
+    """Hugging Face weights with every LoRA pair merged in: ``W + scale * B @ A`` (per expert
+    for the fused expert tensors)."""
+    from twinkle.model.megatron.lora_experts import merge_expert_lora
+
     merged = dict(weights)
+    lora = merge_expert_lora(merged, lora, settings)
     prefix = "base_model.model."
     for key, a in lora.items():
         if not key.endswith(".lora_A.weight"):
@@ -358,5 +442,8 @@ def merged_hf_weights(
         module = key[len(prefix) : -len(".lora_A.weight")]
         b = lora[key.replace(".lora_A.", ".lora_B.")]
         base = merged[f"{module}.weight"]
+        # the router (``mlp.gate``) is adapted as a parameter, the projections as modules
+        pattern_key = f"{module}.weight" if module.endswith(".gate") else module
+        _, scale = settings.rank_and_scale(pattern_key)
         merged[f"{module}.weight"] = (base.float() + scale * (b.float() @ a.float())).to(base.dtype)
     return merged

@@ -14,16 +14,17 @@ micro-batch of every data rank once (Megatron's ``finalize_model_grads`` with
 stage, so every rank returns the same loss, logps and metrics.
 
 ``add_adapter_to_model`` trains one LoRA adapter on Megatron's tensor-parallel
-linears (``lora``), saved as a peft adapter for the Hugging Face model.
+linears (``lora``) and a mixture-of-experts model's experts and router
+(``lora_experts``), saved as a peft adapter for the Hugging Face model.
 
 Packed (padding-free) batches are accepted and run as right-padded rows (``packed``):
 the same maths, without the compute saving, which needs Transformer Engine's attention.
 Megatron sequence parallel runs with torch's norms (``layer_spec``); experts can be split
 by ep and etp.
 
-Not supported (each an error that says so): several adapters, LoRA on experts, left
-padding, Ulysses sequence parallel, and context parallel, which megatron-core 0.16 runs
-only in Transformer Engine's attention (the local spec's ``DotProductAttention`` asserts
+Not supported (each an error that says so): several adapters, left padding, Ulysses
+sequence parallel, and context parallel, which megatron-core 0.16 runs only in
+Transformer Engine's attention (the local spec's ``DotProductAttention`` asserts
 ``context_parallel_size == 1``).
 megatron-core is imported when a MegatronModel is built, never when this module is.
 """
@@ -122,6 +123,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
 
         from twinkle.model.megatron.build import wrap_ddp
         from twinkle.model.megatron.lora import LoraSettings, inject_lora, load_lora
+        from twinkle.model.megatron.lora_experts import peft_config_for
 
         if not isinstance(adapter_name, str) or not adapter_name or adapter_name == FULL_MODEL:
             raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
@@ -150,12 +152,13 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
                 f"adapter {adapter_name!r}: pass a peft LoraConfig or the folder of a saved "
                 f"LoRA adapter; {config_or_path!r} is neither"
             )
+        config = peft_config_for(config, self.hf_config)
         settings = LoraSettings.from_peft(config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         modules = [chunk.module for chunk in self.chunks]
         for module in modules:
-            inject_lora(module, self.spec, settings, tp, tp_rank, self.seed)
+            inject_lora(module, self.spec, settings, tp, tp_rank, self.seed, self.config)
             if weights is not None:
                 load_lora(module, weights, tp, tp_rank)
         self.chunks = wrap_ddp(modules, self.config, self.use_distributed_optimizer)

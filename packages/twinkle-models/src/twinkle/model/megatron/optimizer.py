@@ -64,13 +64,29 @@ def build_megatron_optimizer(
         use_distributed_optimizer=use_distributed_optimizer,
         clip_grad=0.0,  # clip_grad_and_step clips with the norm the caller passes
     )
-    return get_megatron_optimizer(config, chunks)
+    optimizer = get_megatron_optimizer(config, chunks)
+    _count_expert_replicas_once(optimizer)
+    return optimizer
+
+
+def _count_expert_replicas_once(optimizer) -> None:
+    """NOTE: megatron-core 0.16 gives the expert parameters' optimizer the dense
+    tensor-parallel group as ``tp_group`` (optimizer/__init__.py), by whose rank 0 the
+    gradient norm counts a parameter that is not tensor-parallel. Expert parameters are
+    replicated over the expert-tensor-parallel group instead, so a replicated expert
+    parameter (a LoRA factor on the experts) would be counted etp times, or on one
+    tensor-parallel rank only. The expert optimizer gets the expert group."""
+    from megatron.core import parallel_state
+
+    for inner in _inner_optimizers(optimizer):
+        groups = inner.optimizer.param_groups
+        if groups and groups[0].get("is_expert_parallel"):
+            inner.tp_group = parallel_state.get_expert_tensor_parallel_group()
 
 
 def torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
     """The torch optimizers inside a Megatron optimizer (chained for expert/dense groups)."""
-    inner = getattr(optimizer, "chained_optimizers", None) or [optimizer]
-    return [o.optimizer for o in inner]
+    return [o.optimizer for o in _inner_optimizers(optimizer)]
 
 
 def clip_gradients(optimizer, max_norm: float) -> float:
@@ -111,7 +127,11 @@ class SchedulerGroup:
 
 
 def _inner_optimizers(optimizer) -> list:
-    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+    """The Megatron optimizers inside ``optimizer`` that hold parameters (megatron-core
+    chains an empty one, whose torch optimizer is None, when every trainable parameter is
+    an expert's or none is)."""
+    inner = getattr(optimizer, "chained_optimizers", None) or [optimizer]
+    return [o for o in inner if getattr(o, "optimizer", None) is not None]
 
 
 def optimizer_state(optimizer) -> list[dict]:
