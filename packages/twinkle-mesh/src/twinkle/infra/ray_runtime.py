@@ -10,8 +10,10 @@ the groups against the cluster's free resources before reserving anything.
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import ray
@@ -105,7 +107,7 @@ def start(
     global _runtime
     shutdown()
     if not ray.is_initialized():
-        ray.init(address=address, **(ray_init_kwargs or {}))
+        _join_ray(address, ray_init_kwargs or {})
     elif address is not None or ray_init_kwargs:
         logger.warning(
             "this process already joined a Ray cluster, so address and ray_init_kwargs are "
@@ -133,6 +135,35 @@ def start(
         raise
     _runtime = RayRuntime(built)
     ray_lazy.on_dead_worker = _runtime.on_dead_worker
+
+
+def _join_ray(address: str | None, kwargs: dict[str, Any]) -> None:
+    """``ray.init`` from a thread that lives as long as the cluster it may start.
+
+    A local cluster's processes (GCS, raylet) are started with ``PR_SET_PDEATHSIG``, which
+    Linux ties to the thread that forked them, not the process: started from a thread that
+    then ends (the server's loader thread), they are killed at once; calls to existing
+    actors still work, slowly, while Ray's driver threads spin on the dead GCS, and the
+    process exits 60 s later. Off the main thread, ``ray.init`` therefore runs on a daemon
+    thread that stays until Ray is shut down.
+    """
+    if threading.current_thread() is threading.main_thread():
+        ray.init(address=address, **kwargs)
+        return
+    joined: Future = Future()
+
+    def own_the_cluster() -> None:
+        try:
+            ray.init(address=address, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            joined.set_exception(exc)
+            return
+        joined.set_result(None)
+        while ray.is_initialized():
+            time.sleep(1.0)
+
+    threading.Thread(target=own_the_cluster, name="twinkle-ray-owner", daemon=True).start()
+    joined.result()
 
 
 def _mesh_for(group: DeviceGroup, global_mesh: DeviceMesh | None) -> DeviceMesh:
