@@ -136,6 +136,14 @@ class FutureManager:
     async def poll(self, owner: str, future_id: str, timeout: float) -> Future | None:
         """Wait up to ``timeout`` s for a future (never cancelling it): the finished future,
         or None when it is still pending. 410 when the server no longer holds it."""
+        future = self._held(owner, future_id, Gone)
+        if not future.done():
+            await asyncio.wait({asyncio.wrap_future(future)}, timeout=timeout)
+        return future if future.done() else None
+
+    def _held(self, owner: str, future_id: str, lost: type[ApiError]) -> Future:
+        """The caller's future still held in memory; its recorded error if it failed and was
+        dropped; else ``lost`` (404 for the Twinkle routes, 410 for Tinker's polls)."""
         record = self.store.get_future(owner, future_id)
         if record is None:
             raise NotFound(f"no request {future_id!r}")
@@ -143,13 +151,11 @@ class FutureManager:
         if future is None:
             if record.status == "failed" and record.error:
                 raise _from_body(record.error)
-            raise Gone(
+            raise lost(
                 f"the result of request {future_id!r} is no longer held (the server restarted "
                 "or dropped old results); submit the request again"
             )
-        if not future.done():
-            await asyncio.wait({asyncio.wrap_future(future)}, timeout=timeout)
-        return future if future.done() else None
+        return future
 
     def _record(self, future_id: str, future: Future) -> None:
         if future.cancelled():
@@ -165,14 +171,7 @@ class FutureManager:
     async def wait(self, owner: str, future_id: str, timeout: float | None) -> Any:
         """The future's result, raising its error; ``Timeout`` (and a cancel of queued work)
         when it does not finish in time."""
-        record = self.store.get_future(owner, future_id)
-        if record is None:
-            raise NotFound(f"no request {future_id!r}")
-        future = self._live.get(future_id)
-        if future is None:
-            if record.status == "failed" and record.error:
-                raise _from_body(record.error)
-            raise NotFound(f"the result of request {future_id!r} is no longer held")
+        future = self._held(owner, future_id, NotFound)
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
         except TimeoutError:

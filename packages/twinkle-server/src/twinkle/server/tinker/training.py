@@ -69,17 +69,26 @@ def _model_id_for(state: Any, principal: Any, body: dict[str, Any]) -> tuple[Any
     return session, f"{session.id}:train:{model_seq}"
 
 
+def _new_model(state: Any, principal: Any, body: dict) -> tuple[Any, str, dict | None]:
+    """The session and model id a create (or create-via-load) names; the first request's
+    answer when this is a resubmit; 409 when the id is taken."""
+    session, run_id = _model_id_for(state, principal, body)
+    existing = state.tinker.ordering.known(run_id, 0)
+    if existing is not None:
+        return session, run_id, {"request_id": existing, "model_id": run_id}
+    if state.store.get_run(principal.key_id, run_id) is not None:
+        raise Conflict(f"model {run_id} already exists; use the next model_seq_id")
+    return session, run_id, None
+
+
 @router.post("/create_model")
 async def create_model(request: Request) -> dict:
     principal = caller(request)
     state = ready(state_of(request))
     body = await json_body(request)
-    session, run_id = _model_id_for(state, principal, body)
-    existing = state.tinker.ordering.known(run_id, 0)
-    if existing is not None:
-        return {"request_id": existing, "model_id": run_id}
-    if state.store.get_run(principal.key_id, run_id) is not None:
-        raise Conflict(f"model {run_id} already exists; use the next model_seq_id")
+    session, run_id, resubmitted = _new_model(state, principal, body)
+    if resubmitted is not None:
+        return resubmitted
     _check_base_model(state, field(body, "base_model", str, None))
     _check_optimizer(body.get("optimizer_config"))
     lora, seed = model_ops.tinker_lora_config(body.get("lora_config"), state.config.model.max_rank)
@@ -289,12 +298,9 @@ async def load_weights(request: Request) -> dict:
 def _create_from_checkpoint(
     request: Request, principal: Any, state: Any, body: dict, path: str, optimizer: bool
 ) -> dict:
-    session, run_id = _model_id_for(state, principal, body)
-    existing = state.tinker.ordering.known(run_id, 0)
-    if existing is not None:
-        return {"request_id": existing, "model_id": run_id}
-    if state.store.get_run(principal.key_id, run_id) is not None:
-        raise Conflict(f"model {run_id} already exists; use the next model_seq_id")
+    session, run_id, resubmitted = _new_model(state, principal, body)
+    if resubmitted is not None:
+        return resubmitted
     record = state.model.owned_checkpoint(principal, path)
     source = state.store.get_run(principal.key_id, record.run_id)
     if source is None:
