@@ -8,14 +8,11 @@ dependency on it; the torch-free client tests live in packages/twinkle-client/te
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -35,56 +32,19 @@ LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "all-lin
 STEPS = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    port = _free_port()
-    config = home / "config.yaml"
-    config.write_text(
-        f"port: {port}\nmodel: {{model_id: 'bundled://tiny-qwen3', max_loras: 8, device: cpu}}\n"
-        f"sampler: {{enabled: true, kind: torch}}\nstorage: {{home: '{home}'}}\n"
+def server(server_process):
+    server = server_process(
+        "home",
+        {
+            "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 8, "device": "cpu"},
+            "sampler": {"enabled": True, "kind": "torch"},
+        },
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-
-    def cli(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "twinkle.server", *args, "-c", str(config)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    keys = {name: cli("keys", "create", "--name", name) for name in ("sft", "grpo", "gone")}
-    with open(home / "server.log", "wb") as log:  # the child keeps its own handle
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "twinkle.server", "launch", "-c", str(config)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the server did not become ready"
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    yield {"url": url, "keys": keys, "home": home, "cli": cli}
-    proc.terminate()
-    proc.wait(timeout=30)
+    keys = {name: server.cli("keys", "create", "--name", name) for name in ("sft", "grpo", "gone")}
+    server.start(timeout_s=180)
+    yield {"url": server.url, "keys": keys, "home": server.home, "cli": server.cli}
+    server.stop(timeout_s=30)
 
 
 def _weights(home: Path, uri: str) -> dict[str, np.ndarray]:

@@ -6,13 +6,8 @@ The server runs as a process of its own (it owns its Ray cluster)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -31,59 +26,21 @@ SFT_BATCH = [
 PROMPTS = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in range(2)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    ray_dir = tempfile.TemporaryDirectory(prefix="twr")  # Ray's socket paths must stay short
-    port = _free_port()
-    env = {
-        **os.environ,
-        "TWINKLE_HOME": str(home),
-        "RAY_TMPDIR": ray_dir.name,
-        "RAY_AUTH_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "",
+def served(server_process):
+    server = server_process("home", ray=True)  # no config: the script serves the tiny model
+    key = server.cli("keys", "create", "--name", "sft")
+    server.start(
+        [sys.executable, str(SERVER_SCRIPT), "--port", str(server.port)], timeout_s=300, poll_s=1.0
+    )
+    yield {
+        "url": server.url,
+        "key": key,
+        "home": server.home,
+        "proc": server.proc,
+        "log": server.log,
     }
-    key = subprocess.run(
-        [sys.executable, "-m", "twinkle.server", "keys", "create", "--name", "sft"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout.strip()
-    log_path = home / "server.log"
-    with open(log_path, "wb") as log:  # the child keeps its own handle
-        proc = subprocess.Popen(
-            [sys.executable, str(SERVER_SCRIPT), "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not become ready"
-            try:
-                if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1.0)
-        yield {"url": url, "key": key, "home": home, "proc": proc, "log": log_path}
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=90)
-        ray_dir.cleanup()
+    server.stop(timeout_s=90)
 
 
 def test_the_client_trains_and_samples_through_ray_serve(served):

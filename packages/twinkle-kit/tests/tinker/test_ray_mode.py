@@ -2,17 +2,12 @@
 the model lives on a one-worker CPU Ray group, and every Tinker operation reaches it through
 the model's remote functions (the summed-gradient step is its ``step_with``).
 
-Each mode is a server process of its own (it owns its Ray cluster), started with the tinker
-conftest's helpers; the sampler is off, since this checks the training path.
+Each mode is a server process of its own (it owns its Ray cluster), started by the
+``server_process`` fixture; the sampler is off, since this checks the training path.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,16 +25,6 @@ SEQUENCES = [
 ]
 
 
-def _conftest():
-    """The tinker conftest as a module, for its helpers (free port, readiness wait)."""
-    spec = importlib.util.spec_from_file_location(
-        "tinker_conftest_helpers", Path(__file__).with_name("conftest.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _datum(tokens: list[int]) -> types.Datum:
     targets = tokens[1:]
     return types.Datum(
@@ -52,62 +37,27 @@ def _datum(tokens: list[int]) -> types.Datum:
 
 
 DATA = [_datum(s) for s in SEQUENCES]
-HELPERS = _conftest()
 
 
 @pytest.fixture(scope="module", params=["ray", "http"])
-def ray_server(request, tmp_path_factory) -> Iterator[tuple[str, str, Path]]:
-    helpers = HELPERS
-    home = tmp_path_factory.mktemp("tinker_ray_home")
-    ray_dir = tempfile.TemporaryDirectory(prefix="twr")  # Ray's socket paths must stay short
-    port = helpers._free_port()
-    config = home / "config.yaml"
-    config.write_text(
-        f"host: 127.0.0.1\nport: {port}\nmode: {request.param}\n"
-        f"model: {{model_id: '{helpers.BASE_MODEL}', max_loras: 4, device: cpu}}\n"
-        "sampler: {enabled: false}\n"
-        "device_groups: [{name: model, ranks: 1, device_type: cpu}]\n"
-        "ray_init_kwargs: {num_cpus: 3, include_dashboard: false}\n"
-        f"storage: {{home: '{home}'}}\n"
+def ray_server(request, server_process, base_model) -> Iterator[tuple[str, str, Path]]:
+    server = server_process(
+        "tinker_ray_home",
+        {
+            "mode": request.param,
+            "model": {"model_id": base_model, "max_loras": 4, "device": "cpu"},
+            "sampler": {"enabled": False},
+            "device_groups": [{"name": "model", "ranks": 1, "device_type": "cpu"}],
+            "ray_init_kwargs": {"num_cpus": 3, "include_dashboard": False},
+        },
+        ray=True,
     )
-    env = {
-        **os.environ,
-        "TWINKLE_HOME": str(home),
-        "RAY_TMPDIR": ray_dir.name,
-        "RAY_AUTH_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "",
-    }
-    key = subprocess.run(
-        [sys.executable, "-m", "twinkle.server", "keys", "create", "--name", "ray", "-c", config],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout.strip()
-    log = home / "server.log"
-    with open(log, "wb") as out:  # the child keeps its own handle
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "twinkle.server", "launch", "-c", str(config)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        helpers._wait_ready(proc, url, log)
-        if request.param == "http":  # answered through Serve's proxy, not uvicorn alone
-            assert "x-request-id" in httpx.get(f"{url}/api/v1/healthz", timeout=10).headers
-        yield url, key, Path(ray_dir.name)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        ray_dir.cleanup()
+    key = server.cli("keys", "create", "--name", "ray")
+    server.start(timeout_s=240)
+    if request.param == "http":  # answered through Serve's proxy, not uvicorn alone
+        assert "x-request-id" in httpx.get(f"{server.url}/api/v1/healthz", timeout=10).headers
+    yield server.url, key, Path(server.ray_dir.name)
+    server.stop(timeout_s=60)
 
 
 def _train_step(client) -> tuple[float, types.ForwardBackwardOutput]:
@@ -119,11 +69,11 @@ def _train_step(client) -> tuple[float, types.ForwardBackwardOutput]:
     return result.metrics["loss:sum"], result
 
 
-def test_sl_loop_and_resume_on_a_ray_worker(ray_server):
+def test_sl_loop_and_resume_on_a_ray_worker(ray_server, base_model):
     url, key, ray_dir = ray_server
     assert list(ray_dir.glob("ray/session_*")), "the server started no Ray cluster"
     with tinker.ServiceClient(base_url=url, api_key=key) as service:
-        client = service.create_lora_training_client(base_model=HELPERS.BASE_MODEL, rank=8)
+        client = service.create_lora_training_client(base_model=base_model, rank=8)
         client = client.result(timeout=120)
         losses = []
         for _ in range(4):

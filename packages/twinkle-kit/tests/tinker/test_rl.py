@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tinker
 from tinker import types
 
 TIMEOUT_S = 120
@@ -20,14 +19,6 @@ GROUP = 4
 # Sampler and trainer run the same float32 model on CPU with different batching: their
 # logprobs agree to ~1e-6; 1e-4 leaves room for the machine without hiding a wrong token.
 LOGPROB_ATOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def service(tinker_server):
-    with tinker.ServiceClient(
-        base_url=tinker_server.base_url, api_key=tinker_server.key_a
-    ) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -38,14 +38,6 @@ def datum(tokens: list[int], weights: list[float] | None = None) -> types.Datum:
 DATA = [datum(s) for s in SEQUENCES]
 
 
-@pytest.fixture(scope="module")
-def service(tinker_server):
-    with tinker.ServiceClient(
-        base_url=tinker_server.base_url, api_key=tinker_server.key_a
-    ) as client:
-        yield client
-
-
 def train_step(client, data=DATA) -> tuple[float, types.ForwardBackwardOutput]:
     fwdbwd = client.forward_backward(data, "cross_entropy")
     optim = client.optim_step(types.AdamParams(learning_rate=LR))
