@@ -18,9 +18,7 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from local_server import LocalServer  # noqa: E402
 from provenance import commit  # noqa: E402
 
 BATCH = [
@@ -59,48 +58,9 @@ def in_process(calls: int, adapters: int) -> list[float]:
     return times
 
 
-class Server:
-    def __init__(self, home: Path, tenants: int) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        config = home / "config.yaml"
-        config.write_text(
-            f"port: {port}\nmodel: {{model_id: 'bundled://tiny-qwen3', max_loras: {tenants + 1},"
-            f" device: cpu}}\nsampler: {{enabled: false}}\nstorage: {{home: '{home}'}}\n"
-        )
-        from twinkle.server.auth import create_key
-        from twinkle.server.store import SQLiteStore
-
-        store = SQLiteStore(home / "state.db")
-        self.keys = [create_key(store, f"tenant-{i}")[0] for i in range(tenants + 1)]
-        store.close()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        with open(home / "server.log", "wb") as log:  # the child keeps its own handle
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "twinkle.server", "launch", "-c", str(config)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.url = f"http://127.0.0.1:{port}"
-        import httpx
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/api/v1/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.5)
-        raise TimeoutError("server did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
-def over_http(server: Server, tenants: int, calls: int) -> tuple[list[float], list[float], float]:
+def over_http(
+    server: LocalServer, tenants: int, calls: int
+) -> tuple[list[float], list[float], float]:
     from twinkle_client import TwinkleClient
     from twinkle_client.model import MultiLoraTransformersModel
 
@@ -141,7 +101,7 @@ def over_http(server: Server, tenants: int, calls: int) -> tuple[list[float], li
     return latencies, computes, len(latencies) / wall
 
 
-def churn(server: Server, rounds: int) -> list[float]:
+def churn(server: LocalServer, rounds: int) -> list[float]:
     from twinkle_client import TwinkleClient
     from twinkle_client.model import MultiLoraTransformersModel
 
@@ -168,7 +128,10 @@ def main() -> None:
     levels = (1, 4, 16)
 
     with tempfile.TemporaryDirectory() as home:
-        server = Server(Path(home), max(levels))
+        tenants = max(levels)
+        server = LocalServer(
+            Path(home), [f"tenant-{i}" for i in range(tenants + 1)], max_loras=tenants + 1
+        )
         try:
             rows = []
             for n in levels:  # interleaved: the VM's load drifts between measurements

@@ -18,15 +18,14 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from local_server import LocalServer  # noqa: E402
 from provenance import commit  # noqa: E402
 
 MODEL = "bundled://tiny-qwen3"
@@ -35,47 +34,6 @@ BATCH = [
 ]
 RANK = 8
 LR = 1e-4
-
-
-class Server:
-    def __init__(self, home: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        config = home / "config.yaml"
-        config.write_text(
-            f"port: {port}\nmodel: {{model_id: '{MODEL}', max_loras: 4, device: cpu}}\n"
-            f"sampler: {{enabled: false}}\nstorage: {{home: '{home}'}}\n"
-        )
-        from twinkle.server.auth import create_key
-        from twinkle.server.store import SQLiteStore
-
-        store = SQLiteStore(home / "state.db")
-        self.key = create_key(store, "bench")[0]
-        store.close()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-        with open(home / "server.log", "wb") as log:  # the child keeps its own handle
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "twinkle.server", "launch", "-c", str(config)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.url = f"http://127.0.0.1:{port}"
-        import httpx
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/api/v1/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.5)
-        raise TimeoutError("server did not start: " + (home / "server.log").read_text()[-2000:])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
 
 
 def twinkle_steps(model, steps: int) -> list[float]:
@@ -122,14 +80,15 @@ def main() -> None:
     data = [input_feature_to_datum(InputFeature(**row)) for row in BATCH]
     runs: dict[str, list[float]] = {"twinkle": [], "pipelined": [], "sequential": []}
     with tempfile.TemporaryDirectory() as home:
-        server = Server(Path(home))
+        server = LocalServer(Path(home), ["bench"], max_loras=4)
+        key = server.keys[0]
         try:
-            client = TwinkleClient(server.url, server.key)
+            client = TwinkleClient(server.url, key)
             model = MultiLoraTransformersModel(model_id=MODEL, client=client)
             model.add_adapter_to_model("default", {"r": RANK, "target_modules": "all-linear"})
             model.set_loss("CrossEntropyLoss")
             model.set_optimizer("AdamW", lr=LR)
-            service = tinker.ServiceClient(base_url=server.url, api_key=server.key)
+            service = tinker.ServiceClient(base_url=server.url, api_key=key)
             training = service.create_lora_training_client(base_model=MODEL, rank=RANK).result()
             twinkle_steps(model, 2)  # warm-up both paths
             tinker_steps(training, data, 2, pipelined=True)
