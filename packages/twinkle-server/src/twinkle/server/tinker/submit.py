@@ -62,7 +62,9 @@ def submit_ordered(
     def release() -> None:
         state.futures.start(placeholder, model.worker, model_id, lambda: model.run_for(live, work))
 
-    ordering.submit(model_id, seq_id, future_id, release)
+    ordering.submit(
+        model_id, seq_id, future_id, release, lambda exc: state.futures.fail(placeholder, exc)
+    )
     return {"request_id": future_id, "model_id": model_id}
 
 
