@@ -12,12 +12,15 @@ CUDA-bound calls redirected), with gloo and float32.
 2. **Step time**: one ``forward_backward`` + ``clip_grad_and_step`` on a 4-row batch of the
    bundled self-cognition set, on a Qwen3-shaped model (hidden 256, 4 layers, ~5M), for
    TransformersModel (1 process), MegatronModel tp1 (1 process) and tp2, tp2 with sequence
-   parallel, pp2, dp2 (2 processes under torchrun, OMP_NUM_THREADS=1 each). Median over
+   parallel, pp2, dp2, cp2 (context parallel in our own attention: each rank holds half the
+   sequence and all-gathers keys and values) (2 processes under torchrun,
+   OMP_NUM_THREADS=1 each). ``--layouts`` picks some of them. Median over
    ``--steps`` steps after a warm-up; the ratio is against TransformersModel. The CPU
    patches hook every torch call of the Megatron runs (a TorchFunctionMode), which
    TransformersModel does not pay.
 
-    .venv/bin/python benchmarks/bench_megatron.py [--rounds 3] [--steps 5]
+    .venv/bin/python benchmarks/bench_megatron.py [--rounds 3] [--steps 5] \
+        [--layouts "transformers,megatron tp1,megatron cp2"]
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ LAYOUTS = {
     "megatron tp2+sp": (2, {"tp_size": 2, "sequence_parallel": True}),
     "megatron pp2": (2, {"pp_size": 2}),
     "megatron dp2": (2, {"dp_size": 2}),
+    "megatron cp2": (2, {"cp_size": 2}),
 }
 
 
@@ -197,10 +201,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def step_times(steps: int) -> list[dict]:
+def step_times(steps: int, layouts: list[str]) -> list[dict]:
     rows = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    for layout, (procs, _) in LAYOUTS.items():
+    for layout in layouts:
+        procs, _ = LAYOUTS[layout]
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
             args = [__file__, "--worker", layout, "--steps", str(steps), "--out", str(out)]
@@ -229,6 +234,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--worker")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--layouts", default=",".join(LAYOUTS), help="comma-separated, from: " + ", ".join(LAYOUTS)
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.steps, args.out)
@@ -236,7 +244,11 @@ def main() -> None:
     from provenance import commit
 
     today, head = datetime.date.today().isoformat(), commit()
-    steps = step_times(args.steps)
+    layouts = [name.strip() for name in args.layouts.split(",")]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown or "transformers" not in layouts:
+        parser.error(f"--layouts must include 'transformers' and name only {list(LAYOUTS)}")
+    steps = step_times(args.steps, layouts)
     convert = conversion(args.rounds)
     print("\n### Conversion, Qwen3-shaped ~50M (fp32, one process)\n")
     print("| date | commit | direction | params | time | baseline | ratio | exact |")

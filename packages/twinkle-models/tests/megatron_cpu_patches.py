@@ -2,7 +2,8 @@
 
 megatron-core calls CUDA directly in places that have nothing to do with the
 maths: where a buffer is allocated (``device="cuda"``, ``torch.cuda.current_device()``),
-which generator its RNG tracker forks, a ``torch.cuda.FloatTensor`` type check in
+which generator its RNG tracker forks, pinned host memory (context parallel's rotary
+positions), a ``torch.cuda.FloatTensor`` type check in
 the optimizer and gradient clipping, ``torch.cuda.synchronize``. ``apply()``
 redirects those to the CPU for the whole process. The library
 (``twinkle.model.megatron``) never imports this module: on a GPU it runs against
@@ -31,6 +32,8 @@ class _CudaIsCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        if kwargs.get("pin_memory"):  # pinned host memory is for copies to a GPU
+            kwargs["pin_memory"] = False
         if func is torch.Tensor.cuda:
             return args[0]
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:

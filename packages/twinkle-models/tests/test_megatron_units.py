@@ -50,7 +50,6 @@ def test_mesh_maps_onto_megatron_sizes():
         ({"dp_size": 2, "ep_size": 2}, "needs a mixture-of-experts model; qwen3 is dense"),
         ({"sequence_parallel": True}, "needs tp_size >= 2"),  # the DeviceMesh refuses it
         ({"dp_size": 2, "etp_size": 2}, "etp_size=2 needs a mixture-of-experts model"),
-        ({"cp_size": 2}, "context parallel runs only in Transformer Engine's attention"),
     ],
 )
 def test_impossible_layouts_fail_with_the_reason(qwen3, sizes, message):
@@ -86,6 +85,12 @@ def test_moe_layouts_and_routing(qwen3):
     assert gpt_spec(_moe(qwen3, norm_topk_prob=False), tp=1).pre_softmax is True
     with pytest.raises(ValueError, match="decoder_sparse_step=1"):
         gpt_spec(_moe(qwen3, decoder_sparse_step=2), tp=1)
+
+
+def test_context_parallel_is_accepted_and_counted_in_the_world(qwen3):
+    layout = _layout(cp_size=2, tp_size=2, dp_size=2)
+    layout.check_model(qwen3)  # no longer refused: our own attention runs it (no TE)
+    assert (layout.cp, layout.world_size) == (2, 8)
 
 
 def test_ulysses_is_refused_with_the_megatron_alternative():

@@ -8,7 +8,8 @@ a slice of the sequence, so the norm's weight gradient is partial and must be su
 the tensor-parallel ranks. ``TorchRMSNorm`` is the same torch RMSNorm with its weight
 marked ``sequence_parallel``, the attribute ``finalize_model_grads`` sums by; every norm
 of the spec (layers and the final one) is swapped for it. Without sequence parallel the
-mark is False and nothing changes.
+mark is False and nothing changes. Under context parallel the local ``DotProductAttention``
+(which refuses it) is swapped for ``context_parallel.ContextParallelAttention``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from twinkle.model.megatron.config import GPTSpec
+from twinkle.model.megatron.context_parallel import context_parallel_attention
 
 
 class TorchRMSNorm(torch.nn.RMSNorm):
@@ -29,27 +31,29 @@ class TorchRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
-def _swap_norms(node: Any, old: type) -> Any:
+def _swap(node: Any, old: type, new: type) -> Any:
     """``node`` (a ModuleSpec, a submodules dataclass or a class) with ``old`` swapped for
-    TorchRMSNorm throughout."""
+    ``new`` throughout."""
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     if node is old:
-        return TorchRMSNorm
+        return new
     if isinstance(node, ModuleSpec):
-        module = TorchRMSNorm if node.module is old else node.module
-        submodules = _swap_norms(node.submodules, old)
+        module = new if node.module is old else node.module
+        submodules = _swap(node.submodules, old, new)
         return dataclasses.replace(node, module=module, submodules=submodules)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         fields = dataclasses.fields(node)
-        changes = {f.name: _swap_norms(getattr(node, f.name), old) for f in fields}
+        changes = {f.name: _swap(getattr(node, f.name), old, new) for f in fields}
         return dataclasses.replace(node, **changes)
     return node
 
 
 def local_block_spec(spec: GPTSpec, config: Any, vp_stage: int | None):
-    """The transformer block of this pipeline (and virtual) stage, local spec, torch norms."""
+    """The transformer block of this pipeline (and virtual) stage, local spec, torch norms;
+    under context parallel, ContextParallelAttention as the core attention."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
@@ -62,6 +66,8 @@ def local_block_spec(spec: GPTSpec, config: Any, vp_stage: int | None):
         qk_layernorm=spec.qk_norm,
         normalization="RMSNorm",
     )
-    layer = _swap_norms(layer, WrappedTorchNorm)
+    layer = _swap(layer, WrappedTorchNorm, TorchRMSNorm)
+    if config.context_parallel_size > 1:
+        layer = _swap(layer, DotProductAttention, context_parallel_attention())
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=TorchRMSNorm)

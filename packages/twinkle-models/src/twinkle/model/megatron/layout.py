@@ -103,12 +103,6 @@ class MegatronLayout:
         if experts and experts % self.ep:
             raise ValueError(f"ep_size={self.ep} does not divide the model's {experts} experts")
         self._check_experts(hf_config, experts)
-        if self.cp > 1:
-            raise ValueError(
-                f"cp_size={self.cp}: Megatron's context parallel runs only in Transformer "
-                "Engine's attention (megatron-core 0.16's local DotProductAttention refuses "
-                "it), and this build uses the local layer spec; drop cp_size"
-            )
 
     def _check_experts(self, hf_config, experts: int | None) -> None:
         if not experts:

@@ -27,14 +27,34 @@ def vocab_parallel_logps(
     ``predicted_ids`` is the argmax of the logits predicting each position (IGNORE_INDEX
     off the labels), so ``predicted_ids == labels`` is next-token accuracy.
     """
+    token_logps, candidate = next_token_logps(logits[:, :-1], labels[:, 1:], vocab_size)
+    return align_with_labels(token_logps, candidate, labels)
+
+
+def align_with_labels(
+    token_logps: torch.Tensor, predicted: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T - 1) results of the logits at t - 1 -> (B, T) aligned with ``labels[:, t]``."""
+    logps = torch.zeros(labels.shape, dtype=token_logps.dtype, device=labels.device)
+    logps[:, 1:] = token_logps
+    aligned = torch.full_like(labels, IGNORE_INDEX)
+    aligned[:, 1:] = predicted
+    return logps, aligned
+
+
+def next_token_logps(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log p(targets)`` and the argmax at each position of (B, S, V/tp) logits, with no
+    shift (``targets[:, s]`` is what ``logits[:, s]`` predicts); 0 and IGNORE_INDEX where
+    the target is IGNORE_INDEX."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
 
     group = parallel_state.get_tensor_model_parallel_group()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    local = logits[:, :-1].float()  # position t - 1 predicts labels[:, t]
-    targets = labels[:, 1:]
+    local = logits.float()
     mask = targets != IGNORE_INDEX
     width = local.shape[-1]
     start = tp_rank * width
@@ -57,9 +77,4 @@ def vocab_parallel_logps(
     # the lowest vocabulary id, as torch.argmax does.
     candidate = torch.where(local_max == global_max, local_arg + start, torch.iinfo(torch.long).max)
     dist.all_reduce(candidate, op=dist.ReduceOp.MIN, group=group)
-
-    logps = torch.zeros(labels.shape, dtype=token_logps.dtype, device=labels.device)
-    logps[:, 1:] = torch.where(mask, token_logps, 0.0)
-    predicted = torch.full_like(labels, IGNORE_INDEX)
-    predicted[:, 1:] = torch.where(mask, candidate, IGNORE_INDEX)
-    return logps, predicted
+    return torch.where(mask, token_logps, 0.0), torch.where(mask, candidate, IGNORE_INDEX)

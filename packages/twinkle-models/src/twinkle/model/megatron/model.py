@@ -22,10 +22,11 @@ the same maths, without the compute saving, which needs Transformer Engine's att
 Megatron sequence parallel runs with torch's norms (``layer_spec``); experts can be split
 by ep and etp.
 
-Not supported (each an error that says so): several adapters, left padding, Ulysses
-sequence parallel, and context parallel, which megatron-core 0.16 runs only in
-Transformer Engine's attention (the local spec's ``DotProductAttention`` asserts
-``context_parallel_size == 1``).
+Context parallel runs in our own attention (``context_parallel``): each cp rank runs the
+model on its chunks of the sequence and the loss sees the whole sequence.
+
+Not supported (each an error that says so): several adapters, left padding and Ulysses
+sequence parallel.
 megatron-core is imported when a MegatronModel is built, never when this module is.
 """
 
@@ -226,12 +227,18 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
             def restore(per_token: torch.Tensor) -> torch.Tensor:
                 return per_token[:, :length]
 
+        unpadded = batch["input_ids"].shape[1]
         if self.layout.ep * self.layout.expert_tp > 1 and self.spec.num_experts:
             batch = self._align_for_experts(batch)
-        if self.layout.sequence_parallel:
-            # Sequence parallel splits the sequence evenly over the tensor-parallel ranks.
-            length, tp = batch["input_ids"].shape[1], self.layout.tp
-            batch = _pad_sequence(batch, -(-length // tp) * tp, self._pad_token_id())
+        # Sequence parallel splits the sequence evenly over the tensor-parallel ranks, context
+        # parallel into 2 × cp equal chunks (each of them split by sequence parallel).
+        multiple = (self.layout.tp if self.layout.sequence_parallel else 1) * (
+            2 * self.layout.cp if self.layout.cp > 1 else 1
+        )
+        if multiple > 1:
+            current = batch["input_ids"].shape[1]
+            batch = _pad_sequence(batch, -(-current // multiple) * multiple, self._pad_token_id())
+        loss_kwargs = _pad_per_token(loss_kwargs, unpadded, batch["input_ids"].shape[1])
         return batch, loss_kwargs, restore
 
     def _align_for_experts(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -362,7 +369,10 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
 
         if state.pending_tokens <= 0:
             return
-        tokens = torch.tensor(state.pending_tokens, dtype=torch.float32, device=self.device)
+        # Megatron sums the count over data × context parallel ranks, and every cp rank
+        # counted the whole sequence's tokens.
+        count = state.pending_tokens / self.layout.cp
+        tokens = torch.tensor(count, dtype=torch.float32, device=self.device)
         finalize_model_grads(self.chunks, num_tokens=tokens)
         state.pending_tokens = 0.0
         self._grads_ready = False
@@ -440,6 +450,20 @@ def _pad_sequence(batch: dict[str, Any], length: int, pad_id: int | None) -> dic
         if key in batch:
             batch[key] = torch.nn.functional.pad(batch[key], (0, extra), value=value)
     return batch
+
+
+def _pad_per_token(values: dict[str, Any], length: int, padded: int) -> dict[str, Any]:
+    """Per-token loss arguments (rows, ``length``, ...) right-padded with zeros to ``padded``,
+    to line up with the padded labels (whose -100 keeps the padding out of the loss)."""
+    if padded == length:
+        return values
+    out = {}
+    for key, value in values.items():
+        if torch.is_tensor(value) and value.dim() >= 2 and value.shape[1] == length:
+            extra = value.new_zeros((value.shape[0], padded - length, *value.shape[2:]))
+            value = torch.cat([value, extra], dim=1)
+        out[key] = value
+    return out
 
 
 def _check_right_padded(batch: Mapping[str, Any]) -> None:

@@ -16,6 +16,11 @@ from typing import Any
 import torch
 
 from twinkle.model.megatron.config import GPTSpec
+from twinkle.model.megatron.context_parallel import (
+    context_parallel_logps,
+    cp_size,
+    split_sequence,
+)
 from twinkle.model.megatron.logps import vocab_parallel_logps
 from twinkle.model.train_state import TrainState
 
@@ -52,7 +57,10 @@ def _stage_loss(
         results.append((0.0, 0.0, None))
         zero = logits.sum() * 0.0
         return zero, torch.zeros([], dtype=torch.int, device=logits.device), {}
-    logps, predicted = vocab_parallel_logps(logits, labels, spec.vocab_size)
+    if cp_size() > 1:
+        logps, predicted = context_parallel_logps(logits, labels, spec.vocab_size)
+    else:
+        logps, predicted = vocab_parallel_logps(logits, labels, spec.vocab_size)
     outputs = {"logps": logps, "pred_ids": predicted}
     result = state.loss(batch, outputs, **loss_kwargs)
     outputs.update({k: v for k, v in result.items() if k not in ("loss", "num_tokens")})
@@ -70,7 +78,10 @@ def _stage_loss(
 
 def _forward_step(data_iterator, model, **loss_args):
     batch, loss_kwargs = next(data_iterator)
-    logits = model(batch["input_ids"], None, None)
+    input_ids = batch["input_ids"]
+    if cp_size() > 1:
+        input_ids = split_sequence(input_ids)  # the loss still sees the whole batch
+    logits = model(input_ids, None, None)
     return logits, functools.partial(_stage_loss, batch, loss_kwargs, **loss_args)
 
 
