@@ -410,10 +410,23 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
     def calculate_metric(
         self, is_training: bool = True, *, adapter_name: str | None = None
     ) -> dict[str, float]:
-        """The metrics since the last call (fed on the last pipeline stage, sent to all)."""
+        """The metrics since the last call: fed on the last pipeline stage, summed over the
+        data-parallel ranks there (each saw its own rows; cp ranks share theirs), sent to all."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
         from twinkle.model.megatron.schedule import from_last_stage
 
         collection = self._metrics(adapter_name, is_training)
+        if parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+            group = parallel_state.get_data_parallel_group(with_context_parallel=False)
+            if dist.get_world_size(group) > 1:
+
+                def summed(tensor: torch.Tensor) -> torch.Tensor:
+                    dist.all_reduce(tensor, group=group)
+                    return tensor
+
+                collection.reduce_across(summed)
         return from_last_stage(collection.calculate_and_reset())
 
     @remote_function(dispatch="all", collect="first")

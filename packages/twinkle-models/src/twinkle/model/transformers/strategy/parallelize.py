@@ -116,8 +116,8 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
     if extra:
         raise ValueError(
             f"TransformersModel parallelises over dp and fsdp (with ulysses_size and ep_size "
-            f"carved from them); this mesh also has {', '.join(extra)}: tensor and pipeline "
-            "parallel need MegatronModel (context parallel: MegatronModel with Transformer Engine)"
+            f"carved from them); this mesh also has {', '.join(extra)}: tensor, pipeline and "
+            "context parallel need MegatronModel"
         )
     world = device_mesh.world_size
     names, shape = device_mesh.mesh_dim_names, device_mesh.mesh_shape
