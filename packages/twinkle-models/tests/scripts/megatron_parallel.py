@@ -13,6 +13,7 @@ launch; Megatron's parallel state is torn down between them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -275,6 +276,11 @@ def main() -> None:
             results[case] = equivalence(case, feats)
         parallel_state.destroy_model_parallel()
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
+    # NOTE: gloo's C++ teardown can abort a rank ("terminate called without an active
+    # exception") when its peer closes the sockets first, even after a barrier. Every rank has
+    # written its results, so it leaves without running the destructors.
+    dist.barrier()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -261,7 +262,11 @@ def main(out: Path) -> None:
         "model_moe_aux": moe_aux_case(mesh),
     }
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    # NOTE: gloo's C++ teardown can abort a rank ("terminate called without an active
+    # exception") when its peer closes the sockets first, even after a barrier. Every rank has
+    # written its results, so it leaves without running the destructors.
+    dist.barrier()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 TorchSampler, samples, and rank 0 scores the sample: both write what they saw as JSON."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -61,7 +62,11 @@ def main(out: Path) -> None:
             gap = (trainer - torch.tensor(box[0][1])).abs().max()
             result["gaps"].append(float(gap))
     (out / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    # NOTE: gloo's C++ teardown can abort a rank ("terminate called without an active
+    # exception") when its peer closes the sockets first, even after a barrier. Every rank has
+    # written its results, so it leaves without running the destructors.
+    dist.barrier()
+    os._exit(0)
 
 
 if __name__ == "__main__":
