@@ -27,7 +27,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "step_with_ddp.py"
 
 @pytest.fixture(scope="module")
 def model():
-    return MultiLoraTransformersModel("bundled://tiny-qwen3", max_loras=8, max_rank=8, device="cpu")
+    return MultiLoraTransformersModel("bundled://tiny-qwen3", max_loras=9, max_rank=8, device="cpu")
 
 
 def _lora() -> LoraConfig:
@@ -149,3 +149,15 @@ def test_summed_step_under_ddp_matches_one_process(torchrun, tmp_path):
     assert any(float(t.abs().max()) > 1e-4 for t in expected.values())  # the step moved them
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_a_step_with_no_pass_since_the_last_times_zero_and_leaves_weights(model):
+    """A data-parallel worker with no rows still steps with its peers: no pass since the last
+    step must give a step time of 0 (not a tiny negative one, which the metric refuses)."""
+    _sgd_step(model, "idle")
+    params = _trainable(model, "idle")
+    before = {k: p.detach().clone() for k, p in params.items()}
+    model.step_with(adapter_name="idle", optimizer_params={"lr": LR})
+    assert all(torch.equal(p.detach(), before[k]) for k, p in params.items())
+    assert model.calculate_metric(adapter_name="idle")["step_time"] >= 0
+    model.remove_adapter("idle")

@@ -1,31 +1,39 @@
 """What the Tinker routes ask of the model, all through its remote functions so that
 ``mode: ray``/``http`` serve them as ``embedded`` does (the SDK against a Ray server runs in
 twinkle-kit's tests/tinker/test_ray_mode.py): the vocabulary size, pad id and model folder
-asked once, seeded LoRA weights, and a clear refusal where a model group of several
-data-parallel workers would return some datums' logprobs only.
+asked once, seeded LoRA weights, and the outputs of several data-parallel workers joined
+back into every datum's (the SDK against two real workers: tests/tinker/test_ray_data_parallel.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
+
+from twinkle.infra.dispatch import dispatch
+from twinkle.mesh import DeviceMesh
 
 TOKENS = [5, 9, 17, 33, 2, 40]
 
 
-def _fwd_body(model_id: str, seq_id: int) -> dict:
+def _fwd_body(model_id: str, seq_id: int, datums: int = 1) -> dict:
     def tensor(values, dtype):
         return {"data": list(values), "dtype": dtype}
 
-    datum = {
-        "model_input": {"chunks": [{"tokens": TOKENS[:-1]}]},
-        "loss_fn_inputs": {
-            "target_tokens": tensor(TOKENS[1:], "int64"),
-            "weights": tensor([1.0] * (len(TOKENS) - 1), "float32"),
-        },
-    }
-    payload = {"data": [datum], "loss_fn": "cross_entropy"}
+    def datum(i: int) -> dict:
+        tokens = TOKENS[: len(TOKENS) - i]  # rows of different lengths: padding in the batch
+        return {
+            "model_input": {"chunks": [{"tokens": tokens[:-1]}]},
+            "loss_fn_inputs": {
+                "target_tokens": tensor(tokens[1:], "int64"),
+                "weights": tensor([1.0 + i] * (len(tokens) - 1), "float32"),
+            },
+        }
+
+    payload = {"data": [datum(i) for i in range(datums)], "loss_fn": "cross_entropy"}
     return {"forward_backward_input": payload, "model_id": model_id, "seq_id": seq_id}
 
 
@@ -72,17 +80,51 @@ def test_lora_seed_draws_the_same_weights_and_spares_the_rng(server, make_tenant
         state.model.worker.submit(model_id, lambda m=model_id: state.model.release(m)).result()
 
 
-def test_several_data_parallel_workers_are_refused_with_the_fix(server, make_tenant, monkeypatch):
+def _result(tenant, model_id: str, seq_id: int, datums: int) -> dict:
+    accepted = tenant.post("/forward_backward", _fwd_body(model_id, seq_id, datums))
+    assert accepted.status_code == 200, accepted.text
+    result = tenant.post("/retrieve_future", {"request_id": accepted.json()["request_id"]})
+    assert "loss_fn_outputs" in result.json(), result.text
+    return result.json()
+
+
+def _logprobs(result: dict) -> list[np.ndarray]:
+    return [np.asarray(o["logprobs"]["data"]) for o in result["loss_fn_outputs"]]
+
+
+def test_data_parallel_workers_outputs_join_in_datum_order(server, make_tenant, monkeypatch):
+    """Two workers played in process: the real ``slice_dp`` dispatch cuts the batch, the model
+    runs each share, and the server gets the list of both outputs (``collect='none'``); with
+    one datum the second share is empty. The joined logprobs and loss:sum are those of one
+    worker's run (1e-6: the same rows in smaller matmuls)."""
     state, http, keys = server
     tenant = make_tenant(http, keys["alice"])
     model_id = _create(tenant, 0, seed=1)
-    monkeypatch.setattr(state.model, "workers", 2)
-    refused = tenant.post("/forward_backward", _fwd_body(model_id, 1))
-    assert refused.status_code == 503
-    assert "ranks: 1" in refused.text and "2 data-parallel workers" in refused.text
-    monkeypatch.setattr(state.model, "workers", 1)
-    # The refused request freed seq_id 1: the next one runs at once.
-    accepted = tenant.post("/forward_backward", _fwd_body(model_id, 2))
-    assert accepted.status_code == 200, accepted.text
-    result = tenant.post("/retrieve_future", {"request_id": accepted.json()["request_id"]})
-    assert result.json()["metrics"]["loss:sum"] > 0, result.text
+    model = state.model.model
+    one_worker = model.forward_backward_rows
+    mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")
+    shares = []
+
+    def two_workers(*args, **kwargs):
+        outputs = []
+        for rank in range(2):
+            share_args, share_kwargs = dispatch("slice_dp", 2, rank, args, kwargs, mesh)
+            shares.append(len(share_args[0]["input_ids"]))
+            outputs.append(one_worker(*share_args, **share_kwargs))
+        return outputs
+
+    seq_id = 0
+    for datums, split in ((3, [2, 1]), (1, [1, 0])):
+        expected = _result(tenant, model_id, seq_id := seq_id + 1, datums)
+        monkeypatch.setattr(model, "forward_backward_rows", two_workers)
+        got = _result(tenant, model_id, seq_id := seq_id + 1, datums)
+        monkeypatch.undo()
+        assert shares[-2:] == split
+        assert [len(g) for g in _logprobs(got)] == [len(TOKENS) - 1 - i for i in range(datums)]
+        for g, e in zip(_logprobs(got), _logprobs(expected), strict=True):
+            np.testing.assert_allclose(g, e, atol=1e-6)
+        loss = got["metrics"]["loss:sum"]
+        weighted = -sum((1.0 + i) * g.sum() for i, g in enumerate(_logprobs(got)))
+        assert loss == pytest.approx(weighted, rel=1e-5)
+        assert loss == pytest.approx(expected["metrics"]["loss:sum"], rel=1e-6)
+    state.model.worker.submit(model_id, lambda: state.model.release(model_id)).result()

@@ -190,7 +190,7 @@ class TrainUnitsMixin:
         lr = optimizer.param_groups[0]["lr"]
         self._step(state)
         self._zero_grad(state)
-        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        step_time = _window_seconds(state.window_start)
         state.window_start = None
         state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
         if state.lr_scheduler is not None:
@@ -231,7 +231,7 @@ class TrainUnitsMixin:
         self._step(state)
         self._zero_grad(state)
         state.accumulated_calls = 0
-        step_time = time.perf_counter() - (state.window_start or time.perf_counter())
+        step_time = _window_seconds(state.window_start)
         state.window_start = None
         state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
         return norm
@@ -268,3 +268,10 @@ def set_param_groups(optimizer: Any, params: Mapping[str, Any]) -> None:
             if key == "weight_decay" and no_decay:
                 continue
             group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+
+
+def _window_seconds(window_start: float | None) -> float:
+    """Seconds since the window's first pass; 0 for a step with no pass since the last one
+    (reading the clock once: two reads would give a tiny negative time)."""
+    now = time.perf_counter()
+    return now - window_start if window_start is not None else 0.0

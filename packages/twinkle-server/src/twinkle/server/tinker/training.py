@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from peft import LoraConfig
 
 from twinkle.hub.ids import HubId, parse_id
-from twinkle.server.errors import BadRequest, Conflict, NotFound, Unavailable
+from twinkle.server.errors import BadRequest, Conflict, NotFound
 from twinkle.server.names import CheckpointUri, check_name, parse_uri
 from twinkle.server.routes.common import caller, field, json_body, ready, state_of
 from twinkle.server.tinker import model_ops
@@ -149,12 +149,6 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
 
     async def prepare() -> tuple:
         live = state.model.live_run(principal, fwd.model_id)
-        if state.model.workers > 1:
-            raise Unavailable(
-                f"the model runs on {state.model.workers} data-parallel workers, which return "
-                "the first worker's outputs only; Tinker needs every datum's logprobs: serve "
-                "Tinker runs from a model group with ranks: 1"
-            )
         loss = build_tinker_loss(fwd.loss_fn, fwd.loss_fn_config)
         built = build_batch(fwd.data, state.model.vocab_size, state.model.pad_token_id)
         return live, loss, built
