@@ -62,6 +62,8 @@ def _check_equivalence(case: dict, data_parallel: bool = False) -> None:
     assert case["losses"][-1] < case["losses"][0]  # it trained
     for norm, ref in zip(case["grad_norms"], case["reference_grad_norms"], strict=True):
         assert abs(norm - ref) < LOSS_TOL * ref
+    summed, reference_summed = case["summed_grad_norm"], case["reference_summed_grad_norm"]
+    assert abs(summed - reference_summed) < LOSS_TOL * reference_summed
     if not data_parallel:  # metrics are per data rank
         assert case["metrics"]["tokens"] == case["reference_metrics"]["tokens"]
 

@@ -66,6 +66,8 @@ def _check_equivalence(case: dict) -> None:
     assert case["losses"][-1] < case["losses"][0]  # it trained
     for norm, ref in zip(case["grad_norms"], case["reference_grad_norms"], strict=True):
         assert abs(norm - ref) < LOSS_TOL * ref
+    summed, reference_summed = case["summed_grad_norm"], case["reference_summed_grad_norm"]
+    assert abs(summed - reference_summed) < LOSS_TOL * reference_summed
     # every rank reports the whole batch's metrics, summed over its data-parallel peers
     assert case["metrics"]["tokens"] == case["reference_metrics"]["tokens"]
 

@@ -118,11 +118,17 @@ def compare_training(model, reference, feats, mesh) -> dict:
         reference_norms.append(reference.clip_grad_and_step(1.0))
         losses.append(model.forward_only(feats).loss)
         reference_losses.append(reference.forward_only(feats).loss)
+    # one step on the gradient of the summed loss (the Tinker API's optim_step): its norm is
+    # the whole batch's, whatever the layout
+    model.forward_backward(mine)
+    reference.forward_backward(feats)
     return {
         "losses": losses,
         "reference_losses": reference_losses,
         "grad_norms": norms,
         "reference_grad_norms": reference_norms,
+        "summed_grad_norm": model.step_with(max_grad_norm=1e9, normalise=False),
+        "reference_summed_grad_norm": reference.step_with(max_grad_norm=1e9, normalise=False),
     }
 
 

@@ -377,6 +377,12 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         state.pending_tokens = 0.0
         self._grads_ready = False
 
+    def _summed_loss_tokens(self) -> float:
+        """Each data-parallel rank's share of a global count of 1, for
+        ``step_with(normalise=False)``: ``_finalize_gradients`` divides by cp and Megatron
+        totals the counts over dp × cp, so the step divides the summed gradient by 1."""
+        return 1.0 / self.layout.dp
+
     def _prepare(self, state: TrainState):
         """Finalised gradients copied into the optimizer's main gradients, once per step."""
         optimizer = self._require_optimizer(state, "the optimizer step")
