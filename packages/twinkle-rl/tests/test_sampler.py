@@ -233,3 +233,15 @@ def test_draws_follow_the_filtered_distribution(kwargs, expected):
     for seed in range(4000):
         counts[_pick(logits, params, [torch.Generator().manual_seed(seed)])] += 1
     torch.testing.assert_close(counts / 4000, torch.tensor(expected), atol=0.03, rtol=0)
+
+
+def test_stop_ids_shared_by_the_samplers_are_eos_and_end_of_turn(sampler):
+    """The base set vLLMSampler sends as stop_token_ids; TorchSampler adds its model's own."""
+    from twinkle.sampler import Sampler
+
+    template = sampler._template()
+    tokenizer = template.tokenizer
+    shared = Sampler._stop_token_ids(sampler, template)
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in shared
+    assert tokenizer.unk_token_id not in shared
+    assert shared <= sampler._stop_token_ids(template)

@@ -70,6 +70,13 @@ class Sampler(ABC):
             self.template = Template(self.model_id)
         return self.template
 
+    def _stop_token_ids(self, template: Template) -> set[int]:
+        """The ids that end a completion: the tokenizer's EOS and the chat end-of-turn token
+        (never the unknown id, which a tokenizer without that token returns for it)."""
+        tokenizer = template.tokenizer
+        ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        return {i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id}
+
     @remote_function(dispatch="all", collect="first")  # noqa: B027 - only caching samplers act
     def reset_prefix_cache(self) -> None:
         """Forget cached prompt prefixes (needed after new weights); a no-op without a cache."""

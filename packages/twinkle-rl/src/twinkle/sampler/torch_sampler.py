@@ -90,11 +90,12 @@ class TorchSampler(Sampler):
     # ---- setup ----------------------------------------------------------------------------
 
     def _stop_token_ids(self, template: Template) -> set[int]:
-        tokenizer = template.tokenizer
-        ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        """The base ids, plus the EOS ids the model's generation config names."""
         configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        ids.update(configured if isinstance(configured, list) else [configured])
-        return {i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id}
+        extra = configured if isinstance(configured, list) else [configured]
+        unknown = template.tokenizer.unk_token_id
+        own = {i for i in extra if isinstance(i, int) and i != unknown}
+        return super()._stop_token_ids(template) | own
 
     # ---- sampling -------------------------------------------------------------------------
 

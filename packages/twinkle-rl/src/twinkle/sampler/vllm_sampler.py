@@ -91,8 +91,7 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
         template = self._template()
         prompts = as_prompt_features(inputs, template)
         prompt_ids = [prompt_token_ids(p) for p in prompts]
-        end_of_turn = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        stops = [i for i in (template.tokenizer.eos_token_id, end_of_turn) if isinstance(i, int)]
+        stops = sorted(self._stop_token_ids(template))
         vllm_params = VLLMSamplingParams(**vllm_sampling_kwargs(params, stops))
         outputs = self.engine.generate(
             vllm_prompts(prompt_ids),
