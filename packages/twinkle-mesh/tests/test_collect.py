@@ -132,6 +132,22 @@ def test_a_collect_function_receives_all_results_and_the_mesh():
     assert collect(lambda results, m: (max(results), m), [3, 9], mesh) == (9, mesh)
 
 
+def _collect(all_results, device_mesh):
+    """The RemoteClass page's collect function, filled in: one result per data rank (the
+    ranks whose tp coordinate is 0, read from the rank array), in data-rank order."""
+    tp_axis = device_mesh.mesh_dim_names.index("tp")
+    first_tp = device_mesh.mesh.take(0, axis=tp_axis).ravel().tolist()
+    by_data_rank = sorted(first_tp, key=device_mesh.data_rank_of)
+    return [item for rank in by_data_rank for item in all_results[rank]]
+
+
+def test_the_pages_collect_function_reads_the_rank_array_and_dim_names():
+    mesh = DeviceMesh(mesh=[[3, 1], [2, 0]], mesh_dim_names=("dp", "tp"), device_type="cpu")
+    # rank r returned its data rank's share: ranks 3 and 1 read slice 0, ranks 2 and 0 slice 1
+    results = [["c", "d"], ["a", "b"], ["c", "d"], ["a", "b"]]
+    assert collect(_collect, results, mesh) == ["a", "b", "c", "d"]
+
+
 def test_unknown_mode_lists_the_valid_ones():
     with pytest.raises(ValueError, match="'none', 'flatten', 'mean', 'sum', 'first', 'last_pp'"):
         collect("avg", [1])

@@ -879,3 +879,79 @@ def test_to_torch_multi_dim_one_rank_mesh(gloo_group, monkeypatch):
     monkeypatch.setenv("RANK", "7")
     assert mesh.tp_rank == 0
     assert mesh.coords() == {"pp": 0, "dp": 0, "fsdp": 0, "tp": 0}
+
+
+# ---- an explicit rank array, per-dimension sizes, a mesh bound to a rank --------------------
+
+
+def test_an_explicit_rank_array_places_the_ranks_as_written():
+    ranks = np.array([[0, 2], [1, 3]])  # column-major: rank 1 is dp 1, tp 0
+    mesh = DeviceMesh(mesh=ranks, mesh_dim_names=("dp", "tp"), device_type="cpu")
+    assert mesh.mesh.tolist() == ranks.tolist() and mesh.mesh_shape == (2, 2)
+    assert mesh.mesh_dim_names == ("dp", "tp") and mesh.world_size == 4
+    assert [mesh.coords(r) for r in range(4)] == [
+        {"dp": 0, "tp": 0},
+        {"dp": 1, "tp": 0},
+        {"dp": 0, "tp": 1},
+        {"dp": 1, "tp": 1},
+    ]
+    assert mesh.group_ranks("tp") == [[0, 2], [1, 3]]
+    assert mesh.group_ranks("dp") == [[0, 1], [2, 3]]
+    assert spans(mesh, 5) == [(0, 3), (3, 5), (0, 3), (3, 5)]
+    row_major = DeviceMesh.from_sizes(dp_size=2, tp_size=2, device_type="cpu")
+    assert mesh != row_major and hash(mesh) != hash(row_major)
+    assert mesh == DeviceMesh(mesh=ranks.tolist(), mesh_dim_names=("dp", "tp"), device_type="cpu")
+    assert DeviceMesh(mesh=np.arange(4).reshape(2, 2), mesh_dim_names=("dp", "tp")) == (
+        DeviceMesh.from_sizes(dp_size=2, tp_size=2)
+    )
+    clone = pickle.loads(pickle.dumps(mesh))
+    assert clone == mesh and all_coords(clone) == all_coords(mesh)
+    with pytest.raises(ValueError, match="read-only"):
+        mesh.mesh[0, 0] = 5
+    ranks[0, 0] = 9  # the caller's array is copied, not kept
+    assert mesh.mesh[0, 0] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(mesh=[0, 0, 1]), ValueError, r"each rank 0\.\.2 once"),
+        (dict(mesh=[1, 2]), ValueError, r"each rank 0\.\.1 once"),
+        (dict(mesh=[[0, 1]]), ValueError, "mesh has 2 axes but mesh_dim_names names 1"),
+        (dict(mesh=[0.0, 1.0]), TypeError, "integer ranks"),
+        (dict(mesh=[0, 1], mesh_shape=(3,)), ValueError, r"mesh_shape=\(3,\) differs"),
+        (dict(), ValueError, "needs mesh .* or mesh_shape"),
+    ],
+)
+def test_a_bad_rank_array_says_what_is_wrong(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DeviceMesh(mesh_dim_names=("dp",), device_type="cpu", **kwargs)
+
+
+def test_every_dimension_has_a_world_size_one_when_absent():
+    mesh = DeviceMesh.from_sizes(
+        pp_size=2, dp_size=2, cp_size=1, tp_size=2, ep_size=2, etp_size=1, device_type="cpu"
+    )
+    sizes = {d: getattr(mesh, f"{d}_world_size") for d in (*DENSE, "ulysses", "ep", "ep_fsdp")}
+    assert sizes == {
+        "pp": 2, "dp": 2, "fsdp": 1, "cp": 1, "tp": 2, "ulysses": 1, "ep": 2, "ep_fsdp": 1,
+    }  # fmt: skip
+    assert mesh.etp_world_size == 1 and mesh.data_world_size == 2
+    carved = DeviceMesh.from_sizes(world_size=8, dp_size=2, ulysses_size=4)
+    assert (carved.dp_world_size, carved.fsdp_world_size, carved.ulysses_world_size) == (2, 4, 4)
+    assert carved.data_world_size == 2
+
+
+def test_a_mesh_bound_to_a_rank_reads_that_ranks_coordinates():
+    mesh = DeviceMesh.from_sizes(pp_size=2, dp_size=2, tp_size=2, device_type="cpu")
+    for rank in range(8):
+        bound = mesh.at_rank(rank)
+        assert bound == mesh and hash(bound) == hash(mesh)
+        assert bound.rank == rank and bound.coords() == mesh.coords(rank)
+        assert (bound.pp_rank, bound.dp_rank, bound.tp_rank) == (rank // 4, rank // 2 % 2, rank % 2)
+        assert bound.data_rank == mesh.data_rank_of(rank)
+        assert bound.get_slice(4) == mesh.get_slice(4, rank=rank)
+        assert bound.fsdp_rank is None  # absent dimension
+    assert mesh.rank == 0 and mesh.dp_rank == 0  # unbound: this process (no RANK: 0)
+    with pytest.raises(ValueError, match="outside this mesh of world size 8"):
+        mesh.at_rank(8)

@@ -113,6 +113,22 @@ def test_a_dispatch_function_receives_worker_count_index_inputs_and_mesh():
     assert seen == [(2, 0, mesh), (2, 1, mesh)]
 
 
+def test_a_dispatch_function_sees_the_mesh_bound_to_the_worker_it_serves():
+    """What the RemoteClass page's ``_dispatcher`` reads: worker i's data rank and the mesh's
+    shape, here for an explicit rank array in which worker 0 reads the second slice."""
+    mesh = DeviceMesh(mesh=[[2, 3], [0, 1]], mesh_dim_names=("dp", "tp"), device_type="cpu")
+
+    def _dispatcher(length, i, args, kwargs, device_mesh):
+        share = device_mesh.get_slice(len(args[0]))
+        seen = (device_mesh.data_rank, device_mesh.data_world_size, device_mesh.tp_rank)
+        return (args[0][share],), {"seen": seen, "dims": device_mesh.mesh_dim_names}
+
+    out = shares(_dispatcher, 4, list("abcd"), device_mesh=mesh)
+    assert [args for args, _ in out] == [(["c", "d"],), (["c", "d"],), (["a", "b"],), (["a", "b"],)]
+    assert [k["seen"] for _, k in out] == [(1, 2, 0), (1, 2, 1), (0, 2, 0), (0, 2, 1)]
+    assert all(k["dims"] == ("dp", "tp") for _, k in out)
+
+
 def test_a_dispatch_function_must_return_args_and_kwargs():
     with pytest.raises(TypeError, match=r"must return \(args, kwargs\).*got list\(int\)"):
         dispatch(lambda n, i, a, k, m: [1], 2, 0, (), {})

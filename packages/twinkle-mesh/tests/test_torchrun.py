@@ -43,3 +43,5 @@ def test_initialize_under_torchrun_starts_gloo_and_slices_by_rank(tmp_path):
     assert all(r["global_mesh_is_ours"] and r["placement_marks_this_rank"] for r in results)
     assert [r["slice"] for r in results] == [[0, 3], [3, 5]]
     assert [r["all_reduced"] for r in results] == [3.0, 3.0]
+    assert [r["reversed_slice"] for r in results] == [[3, 5], [0, 3]]
+    assert [r["reversed_torch_coordinate"] for r in results] == [[1], [0]]

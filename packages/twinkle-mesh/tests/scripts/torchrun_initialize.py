@@ -22,6 +22,9 @@ def main(out_dir: Path) -> None:
     share = mesh.get_slice(5)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value, group=mesh.to_torch()["dp"].get_group())
+    # An explicit rank array, reversed: rank 0 is the mesh's second position.
+    reversed_mesh = DeviceMesh(mesh=[1, 0], mesh_dim_names=("dp",), device_type="cpu")
+    reversed_share = reversed_mesh.get_slice(5)
     result = {
         "rank": rank,
         "world_size": dist.get_world_size(),
@@ -29,6 +32,8 @@ def main(out_dir: Path) -> None:
         "global_mesh_is_ours": twinkle.infra.get_global_device_mesh() is mesh,
         "slice": [share.start, share.stop],
         "all_reduced": value.item(),
+        "reversed_slice": [reversed_share.start, reversed_share.stop],
+        "reversed_torch_coordinate": reversed_mesh.to_torch().get_coordinate(),
         "placement_marks_this_rank": f"\n{rank}* " in get_device_placement(),
     }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))

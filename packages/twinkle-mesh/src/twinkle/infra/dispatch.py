@@ -79,6 +79,10 @@ def dispatch(
       per worker.
     - a function ``(length, i, args, kwargs, device_mesh) -> (args, kwargs)``
       where ``length`` is the number of workers and ``i`` this worker's index.
+      ``device_mesh`` is the component's mesh bound to worker ``i``
+      (``DeviceMesh.at_rank``), so its ``data_rank``, ``dp_rank``, ... are that
+      worker's wherever the function runs; None when the call's workers are not
+      the mesh's ranks (``execute='first'`` on a larger mesh).
 
     A batch shorter than the number of shares is not an error: the workers
     past the data receive empty lists (empty tuples, arrays with 0 rows), so
@@ -129,6 +133,8 @@ def _call_dispatcher(
     kwargs: dict,
     device_mesh: DeviceMesh | None,
 ) -> tuple[tuple, dict]:
+    if device_mesh is not None and device_mesh.world_size == num_workers:
+        device_mesh = device_mesh.at_rank(worker_index)
     out = dispatcher(num_workers, worker_index, args, kwargs, device_mesh)
     if (
         not isinstance(out, tuple | list)

@@ -27,10 +27,24 @@ The user's documents also write these factors on top of dp, e.g.
 given and equals the dense product times the carved factor, that factor is
 folded into fsdp (``dp=2, fsdp=4`` above), which is the same layout with the
 Ulysses/expert peers also sharding parameters.
+
+An explicit rank array. ``DeviceMesh(mesh=array, mesh_dim_names=(...))`` places the
+ranks as the array does (any arrangement of ``0..world_size-1``, one axis per dense
+dimension) instead of row-major; ``mesh`` is that array either way, and every
+coordinate, group and data slice follows it.
+
+What custom dispatch and collect functions read (``remote_function(dispatch=fn)``):
+``mesh``, ``mesh_dim_names``, ``world_size``, ``<dim>_world_size`` (1 when absent) and
+``data_world_size``; ``<dim>_rank`` (None when absent), ``data_rank`` and ``coords()``
+for the rank the mesh is bound to. A dispatcher receives the mesh bound to the worker
+it dispatches for (``at_rank(i)``), so those are worker ``i``'s wherever it runs; a
+collect function sees results of every rank and reads ``coords(i)`` /
+``data_rank_of(i)`` for result ``i``. Unbound, the ranks are this process's.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -51,12 +65,44 @@ def _check_size(name: str, value: object, *, optional: bool = True) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _dimension_size(dim: str) -> property:
+    return property(lambda self: self.size(dim), doc=f"The {dim} degree; 1 when absent.")
+
+
+def _dimension_rank(dim: str) -> property:
+    return property(
+        lambda self: self.rank_in(dim),
+        doc=f"The bound rank's (else this process's) {dim} coordinate; None when absent.",
+    )
+
+
+def _explicit_ranks(mesh: object, shape: tuple | None, names: tuple[str, ...]) -> np.ndarray:
+    """A user's rank array, checked: integers, one axis per name, each rank once."""
+    ranks = np.asarray(mesh)
+    if ranks.dtype.kind not in "iu":
+        raise TypeError(f"mesh must be an array of integer ranks, got dtype {ranks.dtype}")
+    if ranks.ndim != len(names):
+        raise ValueError(
+            f"mesh has {ranks.ndim} axes but mesh_dim_names names {len(names)}: {names}; "
+            "give one name per axis"
+        )
+    if shape is not None and tuple(shape) != ranks.shape:
+        raise ValueError(f"mesh_shape={tuple(shape)} differs from the mesh's shape {ranks.shape}")
+    if sorted(ranks.ravel().tolist()) != list(range(ranks.size)):
+        raise ValueError(
+            f"mesh must hold each rank 0..{ranks.size - 1} once, got {ranks.tolist()}; a "
+            "component's ranks are numbered from 0 within its group"
+        )
+    return ranks.astype(np.int64)
+
+
 @dataclass(frozen=True)
 class DeviceMesh:
-    """The parallel layout of a component's workers; see the module docstring for the layout."""
+    """The parallel layout of a component's workers; see the module docstring for the layout
+    and for what dispatch/collect functions read from it."""
 
     mesh_dim_names: tuple[str, ...]
-    mesh_shape: tuple[int, ...]
+    mesh_shape: tuple[int, ...] | None = None
     device_type: str = "cuda"
     ulysses_size: int | None = None
     ep_size: int | None = None
@@ -64,11 +110,21 @@ class DeviceMesh:
     etp_size: int | None = None
     vpp_size: int | None = None
     sequence_parallel: bool = False
-    _ranks: np.ndarray = field(init=False, repr=False, compare=False, hash=False)
+    mesh: np.ndarray | None = field(default=None, repr=False, compare=False, hash=False)
+    # The rank array as a tuple: what equality and hashing compare.
+    _order: tuple[int, ...] = field(init=False, repr=False)
+    _positions: np.ndarray = field(init=False, repr=False, compare=False, hash=False)
+    _bound_rank: int | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Tuples keep the mesh hashable (it keys caches and travels to Ray workers).
         object.__setattr__(self, "mesh_dim_names", tuple(self.mesh_dim_names))
+        ranks = None
+        if self.mesh is not None:
+            ranks = _explicit_ranks(self.mesh, self.mesh_shape, self.mesh_dim_names)
+            object.__setattr__(self, "mesh_shape", ranks.shape)
+        elif self.mesh_shape is None:
+            raise ValueError("DeviceMesh needs mesh (an array of ranks) or mesh_shape")
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
         if not isinstance(self.sequence_parallel, bool):
             raise TypeError(
@@ -87,8 +143,12 @@ class DeviceMesh:
         for name in ("ulysses_size", "ep_size", "ep_fsdp_size", "etp_size", "vpp_size"):
             _check_size(name, getattr(self, name))
         object.__setattr__(self, "device_type", normalize_device_type(self.device_type))
-        ranks = np.arange(math.prod(self.mesh_shape)).reshape(self.mesh_shape)
-        object.__setattr__(self, "_ranks", ranks)
+        if ranks is None:
+            ranks = np.arange(math.prod(self.mesh_shape)).reshape(self.mesh_shape)
+        ranks.setflags(write=False)
+        object.__setattr__(self, "mesh", ranks)
+        object.__setattr__(self, "_order", tuple(ranks.ravel().tolist()))
+        object.__setattr__(self, "_positions", np.argsort(ranks.ravel()))
         self._check_carved_sizes()
 
     def _check_carved_sizes(self) -> None:
@@ -185,7 +245,7 @@ class DeviceMesh:
 
     @property
     def world_size(self) -> int:
-        return int(self._ranks.size)
+        return int(self.mesh.size)
 
     def has_dim(self, dim: str) -> bool:
         if dim in DENSE_DIMS:
@@ -208,10 +268,34 @@ class DeviceMesh:
         """How many distinct data slices a batch is split into: dp × fsdp / ulysses."""
         return self.size("dp") * self.size("fsdp") // self.size("ulysses")
 
+    pp_world_size = _dimension_size("pp")
+    dp_world_size = _dimension_size("dp")
+    fsdp_world_size = _dimension_size("fsdp")
+    cp_world_size = _dimension_size("cp")
+    tp_world_size = _dimension_size("tp")
+    ulysses_world_size = _dimension_size("ulysses")
+    ep_world_size = _dimension_size("ep")
+    ep_fsdp_world_size = _dimension_size("ep_fsdp")
+    etp_world_size = _dimension_size("etp")
+
     # ---- coordinates -----------------------------------------------------------------------
 
+    def at_rank(self, rank: int) -> DeviceMesh:
+        """This mesh bound to ``rank``: its ``<dim>_rank``, ``data_rank`` and ``coords()``
+        are that rank's (what a dispatch function receives for the worker it serves)."""
+        rank = self._check_rank(rank)
+        bound = copy.copy(self)
+        object.__setattr__(bound, "_bound_rank", rank)
+        return bound
+
+    @property
+    def rank(self) -> int:
+        """The rank the mesh is bound to (``at_rank``), else this process's."""
+        return self._check_rank(None)
+
     def _check_rank(self, rank: int | None) -> int:
-        rank = Platform.get_rank() if rank is None else rank
+        if rank is None:
+            rank = Platform.get_rank() if self._bound_rank is None else self._bound_rank
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer):
             raise TypeError(f"rank must be an int, got {rank!r}")
         if not 0 <= rank < self.world_size:
@@ -221,7 +305,7 @@ class DeviceMesh:
     def coords(self, rank: int | None = None) -> dict[str, int]:
         """Coordinates of ``rank`` (default: this process) on every present dimension."""
         rank = self._check_rank(rank)
-        index = np.unravel_index(rank, self.mesh_shape)
+        index = np.unravel_index(self._positions[rank], self.mesh_shape)
         coords = {d: int(i) for d, i in zip(self.mesh_dim_names, index, strict=True)}
         d = coords.get("dp", 0) * self.size("fsdp") + coords.get("fsdp", 0)
         if self.ulysses_size is not None:
@@ -243,39 +327,17 @@ class DeviceMesh:
 
     @property
     def data_rank(self) -> int:
+        """Which data slice the bound rank (else this process) reads."""
         return self.data_rank_of()
 
-    @property
-    def dp_rank(self) -> int | None:
-        return self.rank_in("dp")
-
-    @property
-    def fsdp_rank(self) -> int | None:
-        return self.rank_in("fsdp")
-
-    @property
-    def tp_rank(self) -> int | None:
-        return self.rank_in("tp")
-
-    @property
-    def pp_rank(self) -> int | None:
-        return self.rank_in("pp")
-
-    @property
-    def cp_rank(self) -> int | None:
-        return self.rank_in("cp")
-
-    @property
-    def ulysses_rank(self) -> int | None:
-        return self.rank_in("ulysses")
-
-    @property
-    def ep_rank(self) -> int | None:
-        return self.rank_in("ep")
-
-    @property
-    def ep_fsdp_rank(self) -> int | None:
-        return self.rank_in("ep_fsdp")
+    pp_rank = _dimension_rank("pp")
+    dp_rank = _dimension_rank("dp")
+    fsdp_rank = _dimension_rank("fsdp")
+    cp_rank = _dimension_rank("cp")
+    tp_rank = _dimension_rank("tp")
+    ulysses_rank = _dimension_rank("ulysses")
+    ep_rank = _dimension_rank("ep")
+    ep_fsdp_rank = _dimension_rank("ep_fsdp")
 
     @property
     def is_first_pp(self) -> bool:
@@ -289,7 +351,7 @@ class DeviceMesh:
 
     def _data_parallel_rows(self) -> np.ndarray:
         """All ranks as rows of dp × fsdp ranks ordered by ``d``, one row per (pp, cp, tp)."""
-        full = self._ranks.reshape(
+        full = self.mesh.reshape(
             [self.size(d) if d in self.mesh_dim_names else 1 for d in DENSE_DIMS]
         )
         pp, dp, fsdp, cp, tp = full.shape
@@ -301,7 +363,7 @@ class DeviceMesh:
             raise ValueError(f"this mesh has no {dim!r} dimension (dims: {self.dim_names()})")
         if dim in DENSE_DIMS:
             axis = self.mesh_dim_names.index(dim)
-            groups = np.moveaxis(self._ranks, axis, -1).reshape(-1, self.size(dim))
+            groups = np.moveaxis(self.mesh, axis, -1).reshape(-1, self.size(dim))
         elif dim == "ulysses":
             groups = self._data_parallel_rows().reshape(-1, self.size("ulysses"))
         elif dim in ("ep", "ep_fsdp"):
@@ -343,15 +405,21 @@ class DeviceMesh:
     def to_torch(self):
         """A named ``torch.distributed.DeviceMesh`` over the dense dimensions.
 
-        Made once per process group: a new ``init_process_group`` builds a new one.
+        Made once per process group: a new ``init_process_group`` builds a new one. An
+        explicit rank array keeps its arrangement.
         """
+        import torch
         import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
         from torch.distributed.device_mesh import init_device_mesh
 
         world_group, torch_mesh = _TORCH_MESHES.get(self, (None, None))
         if torch_mesh is None or world_group is not dist.group.WORLD:
-            torch_mesh = init_device_mesh(
-                self.device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names
-            )
+            device, names = self.device_type, self.mesh_dim_names
+            if self._order == tuple(range(self.world_size)):
+                torch_mesh = init_device_mesh(device, self.mesh_shape, mesh_dim_names=names)
+            else:
+                ranks = torch.from_numpy(self.mesh.copy())
+                torch_mesh = TorchDeviceMesh(device, ranks, mesh_dim_names=names)
             _TORCH_MESHES[self] = (dist.group.WORLD, torch_mesh)
         return torch_mesh
