@@ -285,3 +285,19 @@ def test_registered_by_name():
     assert INPUT_PROCESSORS.get("InputProcessor") is InputProcessor
     with pytest.raises(ValueError, match="known: InputProcessor"):
         INPUT_PROCESSORS.get("PaddingProcessor")
+
+
+def test_collate_fn_batches_a_plain_torch_dataloader_in_worker_processes():
+    """``collate_fn`` is what torch's DataLoader calls on each list of items; with worker
+    processes the bound method travels pickled with its processor's settings."""
+    rows = [{"input_ids": [i] * (i + 1), "labels": [i] * (i + 1)} for i in range(1, 5)]
+    processor = InputProcessor(pad_token_id=PAD, padding_side="left")
+    loader = torch.utils.data.DataLoader(
+        rows, batch_size=2, collate_fn=processor.collate_fn, num_workers=1
+    )
+    batches = list(loader)
+    assert len(batches) == 2
+    for batch, pair in zip(batches, [rows[:2], rows[2:]], strict=True):
+        assert torch.equal(batch["input_ids"], processor(pair)["input_ids"])
+    assert batches[0]["input_ids"].tolist() == [[PAD, 1, 1], [2, 2, 2]]
+    assert batches[1]["labels"].tolist() == [[X, X, 3, 3, 3], [X, 4, 4, 4, 4]]

@@ -86,6 +86,13 @@ class InputProcessor:
         self, features: Sequence[InputFeature | Mapping[str, Any]]
     ) -> dict[str, torch.Tensor | int]:
         """Pad or pack ``features``; see the class docstring for the keys."""
+        return self.collate_fn(features)
+
+    def collate_fn(
+        self, features: Sequence[InputFeature | Mapping[str, Any]]
+    ) -> dict[str, torch.Tensor | int]:
+        """``__call__`` as a plain method, for ``torch.utils.data.DataLoader(collate_fn=...)``:
+        a bound method that pickles with its processor into DataLoader worker processes."""
         rows = to_token_rows(features)
         return self._pack(rows) if self.padding_free else self._pad(rows)
 
