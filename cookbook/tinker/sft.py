@@ -7,8 +7,9 @@
 The data side is Twinkle's (Dataset, Template, DataLoader, run here on the laptop); each
 encoded feature becomes a Tinker ``Datum`` through ``input_feature_to_datum``, and the
 training side is plain Tinker: ``forward_backward(..., "cross_entropy")``, ``optim_step``,
-``save_state``. ``init_tinker_client()`` only copies ``$TWINKLE_SERVER_URL`` and
-``$TWINKLE_SERVER_TOKEN`` into the SDK's own ``TINKER_BASE_URL`` / ``TINKER_API_KEY``.
+``save_state``. ``init_tinker_client()`` copies ``$TWINKLE_SERVER_URL`` and
+``$TWINKLE_SERVER_TOKEN`` into the SDK's own ``TINKER_BASE_URL`` / ``TINKER_API_KEY`` (and
+lets the SDK take ``twinkle://`` checkpoint paths: ``cookbook/tinker/sample.py``).
 Only the ids differ from the documents (bundled tiny model and self-cognition data).
 """
 

@@ -1,4 +1,5 @@
-"""init_tinker_client(): the SDK finds the Twinkle server through its own environment only."""
+"""init_tinker_client(): the SDK finds the Twinkle server through its own environment, and
+takes twinkle:// checkpoint paths (test_twinkle_paths.py tests those calls)."""
 
 from __future__ import annotations
 
@@ -57,11 +58,15 @@ def test_with_nothing_set_it_points_at_the_local_twinkle_server(clean_env):
     assert "TINKER_API_KEY" not in os.environ  # no key to copy; the SDK will say so itself
 
 
-def test_it_neither_imports_nor_patches_the_sdk():
+def test_it_never_imports_the_sdk_but_wraps_it_once_imported():
     code = (
         "import sys, twinkle\n"
         "twinkle.init_tinker_client(base_url='http://h:1', api_key='tml-k')\n"
         "assert 'tinker' not in sys.modules, 'init_tinker_client imported the SDK'\n"
+        "from tinker import ServiceClient, types\n"
+        "assert ServiceClient.create_sampling_client.__twinkle_paths__\n"
+        "parsed = types.ParsedCheckpointTinkerPath.from_tinker_path('twinkle://r:train:0/weights/a')\n"
+        "assert parsed.tinker_path == 'tinker://r:train:0/weights/a', parsed\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S
