@@ -340,8 +340,9 @@ def test_filter_errors_can_be_dropped():
 
 def test_steps_out_of_order_say_what_to_do():
     dataset = Dataset(DatasetMeta(data=SELF_COGNITION))
-    with pytest.raises(RuntimeError, match=r"rows are raw: call map\(...\)"):
+    with pytest.raises(RuntimeError, match=r"has no template: call set_template"):
         dataset.encode()
+    assert dataset.stage == "raw", "nothing was converted before the template check"
     dataset.map(SelfCognitionProcessor("A", "B"))
     with pytest.raises(RuntimeError, match=r"has no template: call set_template"):
         dataset.encode()

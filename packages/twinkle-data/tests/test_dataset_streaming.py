@@ -98,8 +98,9 @@ def test_a_lazy_template_error_names_the_row():
 
 def test_lazy_steps_out_of_order_and_bad_indices():
     lazy = LazyDataset(DatasetMeta(data=ROWS[:1]))
-    with pytest.raises(RuntimeError, match="rows are raw"):
+    with pytest.raises(RuntimeError, match="has no template"):
         lazy.encode()
+    assert lazy.stage == "raw", "nothing was recorded before the template check"
     lazy.map(SelfCognitionProcessor("A", "B"))
     with pytest.raises(RuntimeError, match="has no template"):
         lazy.encode()
@@ -164,8 +165,9 @@ def test_streamed_filter_then_encode():
 
 def test_streamed_steps_out_of_order():
     stream = IterableDataset(DatasetMeta(data=ROWS))
-    with pytest.raises(RuntimeError, match="rows are raw"):
+    with pytest.raises(RuntimeError, match="has no template"):
         stream.encode()
+    assert stream.stage == "raw"
     with pytest.raises(TypeError, match="IterableDataset takes a DatasetMeta"):
         IterableDataset(ROWS)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import datasets
 
+from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
 from twinkle.dataset.errors import check_on_error
 from twinkle.dataset.loading import load
 from twinkle.dataset.meta import DatasetMeta
@@ -20,6 +21,7 @@ from twinkle.dataset.rows import (
     RAW,
     TRAJECTORY,
     TRAJECTORY_FEATURES,
+    public,
 )
 from twinkle.dataset.transforms import (
     EncodeRows,
@@ -30,7 +32,13 @@ from twinkle.dataset.transforms import (
     rows_of,
 )
 from twinkle.infra import remote_class, remote_function
-from twinkle.preprocessor import Filter, Preprocessor, build_filter, build_preprocessor
+from twinkle.preprocessor import (
+    AutoPreprocessor,
+    Filter,
+    Preprocessor,
+    build_filter,
+    build_preprocessor,
+)
 from twinkle.utils import get_logger
 
 logger = get_logger("twinkle.dataset")
@@ -44,8 +52,8 @@ def check_stage(dataset: Any, action: str, allowed: Sequence[str]) -> None:
     if dataset.stage in allowed:
         return
     hints = {
-        RAW: "its rows are raw: call map(...) with a preprocessor first (rows already in "
-        "the chat format: map('MessagesProcessor'))",
+        RAW: "its rows are raw: call set_template(...) and encode() first (encode converts "
+        "rows of the common shapes itself; map(...) with a preprocessor converts others)",
         TRAJECTORY: "its rows are not encoded yet: call set_template(...) and encode() first",
         ENCODED: "its rows are already encoded: map, filter and encode run before encode()",
         PACKED: "its rows are packed: packing is the last step",
@@ -182,17 +190,30 @@ class Dataset:
     ) -> None:
         """Encode every Trajectory into an InputFeature with the template.
 
+        Raw rows no ``map`` converted are converted first by :class:`AutoPreprocessor`
+        (``messages``, ShareGPT ``conversations``, Alpaca, ``query``/``response``), which
+        logs the shapes it found; a row of another shape fails naming its fields.
         ``batched=True`` encodes chunks with ``template.batch_encode``; False calls
         ``template.encode`` per row. ``add_generation_prompt=True`` encodes RL prompts
         (no labels). Rows the template deletes (``truncation_strategy='delete'``) are left
         out, counted and logged.
         """
-        check_stage(self, "encode", (TRAJECTORY,))
+        check_stage(self, "encode", (RAW, TRAJECTORY))
         check_on_error(on_error)
         if self.template is None:
             raise RuntimeError(
                 f"dataset {self.name!r} has no template: call set_template('Qwen3_5Template', "
                 "model_id=...) before encode()"
+            )
+        if self.stage == RAW:
+            sample = self._rows.select(range(min(SAMPLE_ROWS, len(self._rows))))
+            announce_auto_preprocessing(self.name, [public(row) for row in sample])
+            self.map(
+                AutoPreprocessor(),
+                batched=batched,
+                num_proc=num_proc,
+                load_from_cache_file=load_from_cache_file,
+                on_error=on_error,
             )
         self._run(
             f"encode({type(self.template).__name__})",

@@ -14,18 +14,24 @@ from collections.abc import Iterator
 
 from datasets.fingerprint import Hasher
 
+from twinkle.preprocessor import Filter, Preprocessor
+
 STORAGE_FORMAT = 2
 """Bump when the stored rows or the transforms change, so old caches are not reused."""
 
 
 def code_fingerprint(component: object) -> str:
-    """A hash of the code of every method ``component``'s class defines or inherits, and
-    of any function stored on the component (a wrapped ``row -> Trajectory`` function)."""
+    """A hash of the code of every method ``component``'s class defines or inherits, of any
+    function stored on the component (a wrapped ``row -> Trajectory`` function), and of any
+    preprocessor or filter it holds (``AutoPreprocessor`` delegates to the built-ins)."""
     # Only entries that hold code count: pickling adds others (``__slotnames__``) later.
     parts: list[str | bytes] = []
     namespaces = [vars(cls) for cls in type(component).__mro__[:-1]]  # all but object
     for namespace in [*namespaces, getattr(component, "__dict__", {})]:
         for name, value in sorted(namespace.items()):
+            if isinstance(value, Preprocessor | Filter):
+                parts += [name, code_fingerprint(value)]
+                continue
             code = list(_code_of(getattr(value, "__func__", value)))
             if code:
                 parts += [name, *code]

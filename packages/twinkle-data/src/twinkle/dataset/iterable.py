@@ -8,6 +8,7 @@ from typing import Any
 
 import datasets
 
+from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
 from twinkle.dataset.dataset import BATCH_SIZE, check_stage
 from twinkle.dataset.errors import check_on_error
 from twinkle.dataset.loading import load
@@ -18,10 +19,17 @@ from twinkle.dataset.rows import (
     RAW,
     TRAJECTORY,
     TRAJECTORY_FEATURES,
+    public,
 )
 from twinkle.dataset.transforms import EncodeRows, FilterRows, MapRows, decode
 from twinkle.infra import remote_class, remote_function
-from twinkle.preprocessor import Filter, Preprocessor, build_filter, build_preprocessor
+from twinkle.preprocessor import (
+    AutoPreprocessor,
+    Filter,
+    Preprocessor,
+    build_filter,
+    build_preprocessor,
+)
 
 
 @remote_class(execute="first")
@@ -93,13 +101,18 @@ class IterableDataset:
     def encode(
         self, batched: bool = True, add_generation_prompt: bool = False, on_error: str = "raise"
     ) -> None:
-        """As :meth:`Dataset.encode`, applied while iterating."""
-        check_stage(self, "encode", (TRAJECTORY,))
+        """As :meth:`Dataset.encode` (raw rows go through ``AutoPreprocessor`` first),
+        applied while iterating."""
+        check_stage(self, "encode", (RAW, TRAJECTORY))
         check_on_error(on_error)
         if self.template is None:
             raise RuntimeError(
                 f"dataset {self.name!r} has no template: call set_template(...) before encode()"
             )
+        if self.stage == RAW:
+            sample = [public(row) for row in self._rows.take(SAMPLE_ROWS)]
+            announce_auto_preprocessing(self.name, sample)
+            self.map(AutoPreprocessor(), batched=batched, on_error=on_error)
         encode = EncodeRows(self.template, batched, add_generation_prompt, on_error)
         self._run(encode, ENCODED_FEATURES)
         self.stage = ENCODED

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from numbers import Integral
 from typing import Any
 
+from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
 from twinkle.dataset.dataset import check_stage
 from twinkle.dataset.errors import DataRowError, field_of, reason_of
 from twinkle.dataset.loading import load
@@ -22,7 +23,7 @@ from twinkle.dataset.rows import (
     trajectory_dict,
 )
 from twinkle.infra import remote_class, remote_function
-from twinkle.preprocessor import Preprocessor, build_preprocessor
+from twinkle.preprocessor import AutoPreprocessor, Preprocessor, build_preprocessor
 
 
 @remote_class(execute="first")
@@ -71,12 +72,17 @@ class LazyDataset:
 
     @remote_function(dispatch="all", execute="first", collect="first")
     def encode(self, add_generation_prompt: bool = False) -> None:
-        """Encode each row read with the template, after the preprocessors."""
-        check_stage(self, "encode", (TRAJECTORY,))
+        """Encode each row read with the template, after the preprocessors (with none
+        recorded, after ``AutoPreprocessor``, as :meth:`Dataset.encode` does)."""
+        check_stage(self, "encode", (RAW, TRAJECTORY))
         if self.template is None:
             raise RuntimeError(
                 f"dataset {self.name!r} has no template: call set_template(...) before encode()"
             )
+        if self.stage == RAW:
+            sample = self._rows.select(range(min(SAMPLE_ROWS, len(self._rows))))
+            announce_auto_preprocessing(self.name, [public(row) for row in sample])
+            self.map(AutoPreprocessor())
         self._add_generation_prompt = add_generation_prompt
         self.stage = ENCODED
 

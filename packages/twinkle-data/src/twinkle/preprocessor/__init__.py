@@ -5,6 +5,10 @@
 built-in preprocessor is registered under its class name; register your own with
 ``@PREPROCESSORS.register``.
 
+``encode()`` on rows no ``map`` converted uses :class:`AutoPreprocessor`, which knows the
+common raw shapes (``messages``, ShareGPT ``conversations``, Alpaca, ``query``/``response``;
+see ``ROW_SHAPES``) and names a row's fields and those shapes when it matches none.
+
 ``user_data``, the per-sample data a reward reads and the model never sees, has one shape:
 a list holding one dict of ground-truth fields, e.g. ``[{'answer': '42'}]`` (GSM8K) or
 ``[{'target': 24, 'nums': [3, 8, 1]}]`` (Countdown). Read it back with
@@ -12,6 +16,12 @@ a list holding one dict of ground-truth fields, e.g. ``[{'answer': '42'}]`` (GSM
 """
 
 from twinkle.preprocessor.alpaca import AlpacaProcessor
+from twinkle.preprocessor.auto import (
+    ROW_SHAPES,
+    AutoPreprocessor,
+    UnknownRowShapeError,
+    row_shape,
+)
 from twinkle.preprocessor.base import (
     FILTERS,
     PREPROCESSORS,
@@ -22,6 +32,7 @@ from twinkle.preprocessor.base import (
 )
 from twinkle.preprocessor.llm import CountdownProcessor, GSM8KProcessor
 from twinkle.preprocessor.messages import MessagesProcessor
+from twinkle.preprocessor.query_response import QueryResponseProcessor
 from twinkle.preprocessor.resolve import (
     FunctionFilter,
     FunctionPreprocessor,
@@ -29,11 +40,15 @@ from twinkle.preprocessor.resolve import (
     build_preprocessor,
 )
 from twinkle.preprocessor.self_cognition import SelfCognitionProcessor
+from twinkle.preprocessor.sharegpt import SHAREGPT_ROLES, ShareGPTProcessor
 
 __all__ = [
     "FILTERS",
     "PREPROCESSORS",
+    "ROW_SHAPES",
+    "SHAREGPT_ROLES",
     "AlpacaProcessor",
+    "AutoPreprocessor",
     "CountdownProcessor",
     "Filter",
     "FunctionFilter",
@@ -41,9 +56,13 @@ __all__ = [
     "GSM8KProcessor",
     "MessagesProcessor",
     "Preprocessor",
+    "QueryResponseProcessor",
     "RowFieldError",
     "SelfCognitionProcessor",
+    "ShareGPTProcessor",
+    "UnknownRowShapeError",
     "build_filter",
     "build_preprocessor",
     "require",
+    "row_shape",
 ]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from twinkle.data_format import Trajectory
-from twinkle.preprocessor.base import PREPROCESSORS, Preprocessor, require
+from twinkle.preprocessor.base import PREPROCESSORS, Preprocessor, require, system_turn
 
 
 @PREPROCESSORS.register
@@ -19,8 +19,8 @@ class AlpacaProcessor(Preprocessor):
         instruction = require(row, "instruction")
         extra = require(row, "input") if row.get("input") else ""
         query = f"{instruction}\n\n{extra}" if extra else instruction
-        messages = [{"role": "user", "content": query}]
-        if row.get("system"):
-            messages.insert(0, {"role": "system", "content": require(row, "system")})
-        messages.append({"role": "assistant", "content": require(row, "output")})
+        messages = system_turn(row) + [
+            {"role": "user", "content": query},
+            {"role": "assistant", "content": require(row, "output")},
+        ]
         return Trajectory(messages=messages)

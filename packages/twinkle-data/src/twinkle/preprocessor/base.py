@@ -45,6 +45,11 @@ def require(row: Mapping[str, Any], field: str, kind: type | tuple[type, ...] = 
     return value
 
 
+def system_turn(row: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The system message of a row's non-empty ``system`` column, as a list of zero or one."""
+    return [{"role": "system", "content": require(row, "system")}] if row.get("system") else []
+
+
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 

@@ -20,7 +20,9 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
-def _json_or_list(row: Mapping[str, Any], field: str) -> list:
+def json_or_list(row: Mapping[str, Any], field: str) -> list:
+    """``row[field]`` as a list: as stored, or decoded from the JSON string some datasets
+    store instead; unset struct keys dropped."""
     value = require(row, field, (list, str))
     if isinstance(value, str):
         try:
@@ -48,12 +50,12 @@ class MessagesProcessor(Preprocessor):
         self.user_data_fields = tuple(user_data_fields)
 
     def __call__(self, row: Mapping[str, Any]) -> Trajectory:
-        trajectory: dict[str, Any] = {"messages": _json_or_list(row, "messages")}
+        trajectory: dict[str, Any] = {"messages": json_or_list(row, "messages")}
         if row.get("tools"):
-            trajectory["tools"] = _json_or_list(row, "tools")
+            trajectory["tools"] = json_or_list(row, "tools")
         if self.user_data_fields:
             fields = {name: require(row, name, object) for name in self.user_data_fields}
             trajectory["user_data"] = [fields]
         elif row.get("user_data"):
-            trajectory["user_data"] = _json_or_list(row, "user_data")
+            trajectory["user_data"] = json_or_list(row, "user_data")
         return Trajectory.model_validate(trajectory)
