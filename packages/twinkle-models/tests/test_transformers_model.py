@@ -182,13 +182,6 @@ def test_a_batch_without_label_tokens_is_an_error_not_nan(features):
         model.forward_backward(unlabelled)
 
 
-def test_step_before_set_optimizer_says_what_to_call(features):
-    model = TransformersModel(MODEL_ID)
-    model.forward_backward(features[:2])
-    with pytest.raises(ValueError, match=r"set_optimizer\("):
-        model.clip_grad_and_step()
-
-
 def test_trajectories_need_a_template():
     model = TransformersModel(MODEL_ID)
     conversation = {

@@ -2,9 +2,10 @@
 
 A mixin of TransformersModel and MegatronModel: resolving ``adapter_name`` to a unit,
 setting the unit's loss, template, processor and metrics, turning inputs into a batch,
-and the gradient-accumulation rhythm of ``clip_grad_and_step``. The backend supplies the
-mechanics these call on: ``_clip``, ``_step``, ``_zero_grad``, ``_require_optimizer`` and
-``_pad_token_id``.
+and the gradient-accumulation rhythm of ``clip_grad_and_step`` (with the default optimizer
+of ``default_optimizer.py`` for a unit stepped before ``set_optimizer``). The backend
+supplies the mechanics these call on: ``set_optimizer``, ``_clip``, ``_step``,
+``_zero_grad``, ``_require_optimizer`` and ``_pad_token_id``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import torch
 from twinkle.infra import remote_function
 from twinkle.loss import build_loss
 from twinkle.metric import MetricCollection, build_metric, build_train_metrics
+from twinkle.model.default_optimizer import DEFAULT_OPTIMIZER, default_lr
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.processor import InputProcessor
 from twinkle.template import build_template
+from twinkle.utils import get_logger
+
+logger = get_logger("twinkle.model")
 
 
 def check_accumulation_steps(steps: int) -> int:
@@ -139,15 +144,38 @@ class TrainUnitsMixin:
 
     # ---- optimizer steps: the backend's _clip, _step and _zero_grad, per unit ------------
 
+    def _optimizer_or_default(self, state: TrainState, action: str) -> Any:
+        """The unit's optimizer; a unit without one first gets the default (AdamW at lr 1e-4
+        for an adapter, 1e-5 for the full model; see ``default_optimizer.py``), logged."""
+        if state.optimizer is None:
+            full = state.name == FULL_MODEL
+            lr = default_lr(state.name)
+            logger.warning(
+                "%s: %s has no optimizer, so it gets the default %s(lr=%g) (%s); call "
+                "set_optimizer(...) before training to choose another",
+                action,
+                "the full model" if full else f"adapter {state.name!r}",
+                DEFAULT_OPTIMIZER,
+                lr,
+                "full-parameter training" if full else "LoRA; full training gets 1e-5",
+            )
+            self.set_optimizer(DEFAULT_OPTIMIZER, lr=lr, adapter_name=None if full else state.name)
+        return self._require_optimizer(state, action)
+
     @remote_function(dispatch="all", collect="first")
     def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
         """Normalise (and reduce) the accumulated gradients, then clip their global norm;
-        returns the norm."""
-        return self._clip(self._state(adapter_name), max_norm)
+        returns the norm. A unit without an optimizer gets the default one first."""
+        state = self._state(adapter_name)
+        self._optimizer_or_default(state, "clip_grad_norm")
+        return self._clip(state, max_norm)
 
     @remote_function(dispatch="all", collect="first")
     def step(self, *, adapter_name: str | None = None) -> None:
-        self._step(self._state(adapter_name))
+        """One optimizer step; a unit without an optimizer gets the default one first."""
+        state = self._state(adapter_name)
+        self._optimizer_or_default(state, "step")
+        self._step(state)
 
     @remote_function(dispatch="all", collect="first")
     def zero_grad(self, *, adapter_name: str | None = None) -> None:
@@ -175,9 +203,12 @@ class TrainUnitsMixin:
         does. The lr schedule advances by one per call (in a burst at each optimizer step),
         so ``num_training_steps=len(dataloader)`` spans the run whatever the accumulation,
         as the user's documents write it. Returns the gradient norm when it stepped.
+
+        A unit stepped before ``set_optimizer`` gets the default optimizer (AdamW, lr 1e-4
+        for a LoRA adapter, 1e-5 for full training, no scheduler) and a log line saying so.
         """
         state = self._state(adapter_name)
-        optimizer = self._require_optimizer(state, "clip_grad_and_step")
+        optimizer = self._optimizer_or_default(state, "clip_grad_and_step")
         if gradient_accumulation_steps is not None:
             state.gradient_accumulation_steps = check_accumulation_steps(
                 gradient_accumulation_steps
