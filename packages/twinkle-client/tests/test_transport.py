@@ -90,6 +90,8 @@ def test_the_client_reads_its_url_and_key_from_the_environment(monkeypatch):
         TwinkleClient()
     monkeypatch.setenv("TWINKLE_SERVER_TOKEN", "tml-env")
     transport, seen = scripted([(200, {"session_id": "sess-1"})])
-    client = TwinkleClient(api_key="EMPTY_TOKEN", transport=transport, heartbeat_interval=3600)
+    client = TwinkleClient(
+        api_key="EMPTY_TOKEN", transport=transport, session_heartbeat_interval=3600
+    )
     assert client.base_url == "http://from-env:9" and client.session_id == "sess-1"
-    client._stop.set()
+    client.close()

@@ -7,6 +7,7 @@ traceback, and the server must keep serving the other tenant afterwards.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,35 @@ def test_another_tenant_sees_nothing_of_alices(tenants, alice_run):
         alice.get(f"/training_runs/{run}/checkpoints").json()["checkpoints"][0]["twinkle_path"]
         == uri
     )
+
+
+def test_one_checkpoint_answers_its_folder_to_its_owner_only(tenants, alice_run):
+    alice, bob = tenants
+    run, uri = alice_run
+    answer = alice.get(f"/training_runs/{run}/checkpoints/weights/first")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["twinkle_path"] == uri and body["checkpoint_id"] == "weights/first"
+    assert (Path(body["path"]) / "adapter_model.safetensors").is_file()
+    assert bob.get(f"/training_runs/{run}/checkpoints/weights/first").status_code == 404
+    _assert_json_error(alice.get(f"/training_runs/{run}/checkpoints/weights/missing"), 404)
+    _assert_json_error(alice.get(f"/training_runs/{run}/checkpoints/bogus/first"), 400)
+    downloads = alice.get(f"/training_runs/{run}/checkpoints/weights/first/external_weights_urls")
+    _assert_json_error(downloads, 400)
+    assert "no download URLs" in downloads.json()["error"]
+    _assert_json_error(alice.post("/weights_info", {}), 400)
+    info = alice.post("/weights_info", {"twinkle_path": uri}).json()
+    assert (info["is_lora"], info["lora_rank"]) == (True, 4)
+
+
+def test_a_sessions_metadata_is_stored_and_returned(tenants):
+    alice, bob = tenants
+    created = alice.post("/create_session", {"user_metadata": {"user": "alice", "n": 1}})
+    assert created.json()["user_metadata"] == {"user": "alice", "n": 1}
+    session = created.json()["session_id"]
+    assert alice.get(f"/sessions/{session}").json()["user_metadata"] == {"user": "alice", "n": 1}
+    assert bob.get(f"/sessions/{session}").status_code == 404
+    _assert_json_error(alice.post("/create_session", {"user_metadata": ["alice"]}), 400)
 
 
 def test_load_restores_the_saved_adapter(tenants, alice_run):

@@ -39,11 +39,11 @@ class DataLoader:
             }
         )
         body = {"dataset_id": dataset.dataset_id, "args": args}
-        self.dataloader_id: str = self.client.call("/twinkle/dataloader/create", body)
+        self.dataloader_id: str = self.client.call("/dataloader/create", body)
 
     def _call(self, method: str, **args: Any) -> Any:
         body = {"dataloader_id": self.dataloader_id, "args": clean(args)}
-        return self.client.call(f"/twinkle/dataloader/{method}", body)
+        return self.client.call(f"/dataloader/{method}", body)
 
     def __iter__(self) -> Iterator[list[InputFeature]]:
         self._call("iter")

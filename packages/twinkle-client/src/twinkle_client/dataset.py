@@ -48,12 +48,12 @@ class Dataset:
     def __init__(self, dataset_meta: Any, *, client: TwinkleClient | None = None) -> None:
         self.client = get_client(client)
         body = {"dataset_meta": meta_dict(dataset_meta)}
-        self.dataset_id: str = self.client.call("/twinkle/dataset/create", body)
+        self.dataset_id: str = self.client.call("/dataset/create", body)
         self._length: int | None = None
 
     def _call(self, method: str, **args: Any) -> Any:
         body = {"dataset_id": self.dataset_id, "args": clean(args)}
-        self._length = self.client.call(f"/twinkle/dataset/{method}", body)
+        self._length = self.client.call(f"/dataset/{method}", body)
         return self._length
 
     def set_template(self, template: Any, **kwargs: Any) -> None:

@@ -43,7 +43,9 @@ class Transport:
         body: dict[str, Any] | None = None,
         params: dict[str, Any] | None = None,
         retries: int | None = None,
+        timeout: float | None = None,
     ) -> Any:
+        """``timeout`` (seconds) replaces the client's for this request only."""
         headers = dict(self._headers)
         if method != "GET":
             headers["X-Idempotency-Key"] = uuid.uuid4().hex
@@ -53,7 +55,12 @@ class Transport:
             last = attempt == attempts - 1
             try:
                 response = self._http.request(
-                    method, url, json=body, params=params, headers=headers
+                    method,
+                    url,
+                    json=body,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
                 )
             except httpx.TransportError as exc:
                 if last:

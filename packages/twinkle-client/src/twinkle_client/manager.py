@@ -1,44 +1,61 @@
 """TwinkleClient: the connection to a Twinkle server, its session, and run/checkpoint queries.
 
-``init_twinkle_client(base_url, api_key)`` makes one and sets it as the default that the
-proxies (``twinkle_client.model.MultiLoraTransformersModel`` and the rest) use. It opens a
-session and keeps it alive with a background heartbeat; ``close()`` ends the session,
-which frees the LoRA slots of its runs (their checkpoints stay).
+Constructing one (or calling ``init_twinkle_client``, the same thing) sets it as the shared
+context the proxies (``twinkle_client.model.MultiLoraTransformersModel`` and the rest) use
+when built without ``client=``. It opens a session, keeps it alive with a background
+heartbeat, and ends it with ``close()``, which also runs at interpreter exit; ending the
+session frees the LoRA slots of its runs (their checkpoints stay).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import json
 import os
 import threading
 from typing import Any
+from urllib.parse import quote
 
-from twinkle_client.errors import SessionFinishedError, TwinkleClientError
+from twinkle_client._keywords import keywords
+from twinkle_client.errors import NotFoundError, SessionFinishedError, TwinkleClientError
 from twinkle_client.http import Transport
 from twinkle_client.types import (
     CapacityInfo,
     Checkpoint,
     CheckpointPath,
+    Cursor,
+    SessionInfo,
     TrainingRun,
-    TrainingRunsPage,
     WeightsInfo,
 )
 
 URL_ENV = "TWINKLE_SERVER_URL"
 TOKEN_ENV = "TWINKLE_SERVER_TOKEN"
 DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_ROUTE_PREFIX = "/twinkle"
+"""Where twinkle-server serves the component routes (``/api/v1/twinkle/model/...``)."""
+CLOSE_TIMEOUT_S = 10.0
+"""How long ``close()`` waits for the server: it also runs at exit, which must not hang."""
+PAGE = 100
 
 
 class TwinkleClient:
     """One server connection. ``base_url`` and ``api_key`` default to
-    ``$TWINKLE_SERVER_URL`` and ``$TWINKLE_SERVER_TOKEN``."""
+    ``$TWINKLE_SERVER_URL`` and ``$TWINKLE_SERVER_TOKEN``; ``route_prefix`` is where the
+    server serves the component routes; ``session_metadata`` (JSON) is stored with the
+    session on the server. ``heartbeat_interval`` is the former name of
+    ``session_heartbeat_interval``."""
 
+    @keywords("TwinkleClient", heartbeat_interval="session_heartbeat_interval")
     def __init__(
         self,
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        heartbeat_interval: float = 10.0,
+        route_prefix: str = DEFAULT_ROUTE_PREFIX,
+        session_heartbeat_interval: float = 10.0,
+        session_metadata: dict[str, Any] | None = None,
         max_retries: int = 3,
         timeout: float = 660.0,
         transport: Transport | None = None,
@@ -50,25 +67,53 @@ class TwinkleClient:
                 f"no API key: pass api_key= or set ${TOKEN_ENV} (the operator issues keys "
                 "with `twinkle-server keys create --name NAME`)"
             )
+        self.route_prefix = _route_prefix(route_prefix)
+        interval = _interval(session_heartbeat_interval)
+        metadata = _metadata(session_metadata)
         self.transport = transport or Transport(
             self.base_url, key, timeout=timeout, max_retries=max_retries
         )
-        self.session_id: str = self.transport.request("POST", "/create_session", {})["session_id"]
+        try:
+            if self.route_prefix != DEFAULT_ROUTE_PREFIX:
+                self._check_route_prefix()
+            # The declared period lets the server release a session soon after its beats stop.
+            body = {"user_metadata": metadata, "heartbeat_interval_s": interval}
+            answer = self.transport.request("POST", "/create_session", body)
+        except BaseException:
+            self.transport.close()
+            raise
+        self.session_id: str = answer["session_id"]
+        self.session_metadata: dict[str, Any] = answer.get("user_metadata", metadata)
         self.last_compute_ms: float | None = None
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(
-            target=self._beat, args=(heartbeat_interval,), name="twinkle-heartbeat", daemon=True
+            target=self._beat, args=(interval,), name="twinkle-heartbeat", daemon=True
         )
         self._heartbeat.start()
+        atexit.register(self.close)
+        _set_default(self)
 
     # ---- plumbing -----------------------------------------------------------------------
 
-    def call(self, path: str, body: dict[str, Any]) -> Any:
-        """POST to a component route and return its ``result``; ``last_compute_ms`` keeps
-        how long the work itself ran on the server."""
-        payload = self.transport.request("POST", path, body)
+    def call(self, route: str, body: dict[str, Any]) -> Any:
+        """POST to a component route (``/model/step``, under ``route_prefix``) and return its
+        ``result``; ``last_compute_ms`` keeps how long the work itself ran on the server."""
+        payload = self.transport.request("POST", self.route_prefix + route, body)
         self.last_compute_ms = payload.get("compute_ms")
         return payload["result"]
+
+    def _check_route_prefix(self) -> None:
+        try:
+            self.transport.request("GET", f"{self.route_prefix}/api")
+        except NotFoundError:
+            raise TwinkleClientError(
+                f"the server at {self.base_url} serves no Twinkle routes under "
+                f"route_prefix={self.route_prefix!r}; twinkle-server serves them under "
+                f"{DEFAULT_ROUTE_PREFIX!r}, the default",
+                status=404,
+                category="user",
+                code="not_found",
+            ) from None
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -81,12 +126,16 @@ class TwinkleClient:
                 continue  # the next beat tries again; the session lasts a few missed beats
 
     def close(self) -> None:
-        """End the session: its runs release their LoRA slots; checkpoints stay."""
+        """End the session: its runs release their LoRA slots; checkpoints stay. Runs at
+        interpreter exit too; a second call does nothing."""
         if self._stop.is_set():
             return
         self._stop.set()
+        atexit.unregister(self.close)
+        _clear_default(self)
         with contextlib.suppress(TwinkleClientError):
-            self.transport.request("POST", f"/sessions/{self.session_id}/finish", {}, retries=0)
+            path = f"/sessions/{self.session_id}/finish"
+            self.transport.request("POST", path, {}, retries=0, timeout=CLOSE_TIMEOUT_S)
         self.transport.close()
 
     def __enter__(self) -> TwinkleClient:
@@ -105,102 +154,172 @@ class TwinkleClient:
             return False
 
     def get_server_capabilities(self) -> dict[str, Any]:
+        """The served model (``supported_models``), ``max_loras`` and the allow-lists."""
         return self.transport.request("GET", "/get_server_capabilities")
 
     def get_capacity_info(self) -> CapacityInfo:
+        """The server's LoRA pool: ``max_loras``, ``used_loras`` (all tenants'), ``free_loras``."""
         return CapacityInfo.model_validate(self.transport.request("GET", "/capacity"))
+
+    def get_session(self) -> SessionInfo:
+        """This session as the server keeps it: ``user_metadata`` and the runs it holds."""
+        body = self.transport.request("GET", f"/sessions/{_segment(self.session_id)}")
+        return SessionInfo.model_validate({**body, "session_id": self.session_id})
 
     def get_remote_api(self) -> dict[str, dict[str, list[str]]]:
         """The server's table of remotely callable methods (see ``twinkle_client.api``)."""
-        return self.transport.request("GET", "/twinkle/api")
+        return self.transport.request("GET", f"{self.route_prefix}/api")
 
     # ---- training runs ------------------------------------------------------------------
 
-    def list_training_runs_with_cursor(self, limit: int = 20, offset: int = 0) -> TrainingRunsPage:
+    def list_training_runs_with_cursor(
+        self, limit: int = 20, offset: int = 0
+    ) -> tuple[list[TrainingRun], Cursor]:
+        """``runs, cursor = ...``: one page of this key's runs, oldest first; the next page
+        is at ``offset=cursor.next_offset`` (None after the last)."""
         params = {"limit": limit, "offset": offset}
         page = self.transport.request("GET", "/training_runs", params=params)
-        return TrainingRunsPage.model_validate(page)
+        runs = [TrainingRun.model_validate(run) for run in page["training_runs"]]
+        return runs, Cursor.model_validate(page["cursor"])
 
     def list_training_runs(self, limit: int = 20, offset: int = 0) -> list[TrainingRun]:
-        return self.list_training_runs_with_cursor(limit, offset).training_runs
+        return self.list_training_runs_with_cursor(limit, offset)[0]
 
-    def get_training_run(self, training_run_id: str) -> TrainingRun:
+    @keywords("TwinkleClient", training_run_id="run_id")
+    def get_training_run(self, run_id: str) -> TrainingRun:
         return TrainingRun.model_validate(
-            self.transport.request("GET", f"/training_runs/{training_run_id}")
+            self.transport.request("GET", f"/training_runs/{_segment(run_id)}")
         )
 
-    def find_training_run_by_model(self, model: str) -> TrainingRun | None:
-        """The most recent of this key's runs whose base model or adapter name is ``model``."""
-        found, offset = None, 0
-        while True:
-            page = self.list_training_runs_with_cursor(limit=100, offset=offset)
-            for run in page.training_runs:
-                if model in (run.base_model, run.adapter_name):
-                    found = run
-            offset += len(page.training_runs)
-            if not page.training_runs or offset >= page.cursor.total_count:
-                return found
+    @keywords("TwinkleClient", model="base_model")
+    def find_training_run_by_model(self, base_model: str) -> list[TrainingRun]:
+        """All of this key's runs on ``base_model``, oldest first; the hub prefix is optional
+        (``'Qwen/Qwen3.5-4B'`` finds runs on ``'ms://Qwen/Qwen3.5-4B'``)."""
+        wanted = _without_hub(base_model)
+        found: list[TrainingRun] = []
+        offset: int | None = 0
+        while offset is not None:
+            runs, cursor = self.list_training_runs_with_cursor(limit=PAGE, offset=offset)
+            found += [run for run in runs if _without_hub(run.base_model) == wanted]
+            offset = cursor.next_offset
+        return found
 
     # ---- checkpoints --------------------------------------------------------------------
 
-    def list_checkpoints(self, training_run_id: str) -> list[Checkpoint]:
-        body = self.transport.request("GET", f"/training_runs/{training_run_id}/checkpoints")
+    @keywords("TwinkleClient", training_run_id="run_id")
+    def list_checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """The run's checkpoints, oldest first."""
+        body = self.transport.request("GET", f"/training_runs/{_segment(run_id)}/checkpoints")
         return [Checkpoint.model_validate(c) for c in body["checkpoints"]]
 
-    def get_checkpoint_path(self, training_run_id: str, name: str) -> CheckpointPath:
-        for checkpoint in self.list_checkpoints(training_run_id):
-            if checkpoint.checkpoint_id in (name, f"weights/{name}"):
-                return _path(checkpoint)
-        raise TwinkleClientError(
-            f"training run {training_run_id} has no checkpoint {name!r}",
-            status=404,
-            category="user",
-            code="not_found",
-        )
+    @keywords("TwinkleClient", training_run_id="run_id", name="checkpoint_id")
+    def get_checkpoint_path(self, run_id: str, checkpoint_id: str) -> CheckpointPath:
+        """``checkpoint_id`` as listed (``'weights/<name>'``, ``'sampler_weights/<name>'``)
+        or the bare name of a training checkpoint."""
+        route = f"/training_runs/{_segment(run_id)}/checkpoints/{_checkpoint_id(checkpoint_id)}"
+        return CheckpointPath.model_validate(self.transport.request("GET", route))
 
-    def get_latest_checkpoint_path(self, training_run_id: str) -> CheckpointPath | None:
-        checkpoints = [
-            c for c in self.list_checkpoints(training_run_id) if c.checkpoint_type == "training"
-        ]
-        return _path(checkpoints[-1]) if checkpoints else None
+    @keywords("TwinkleClient", training_run_id="run_id")
+    def get_latest_checkpoint_path(self, run_id: str) -> str | None:
+        """The ``twinkle://`` path of the run's newest training checkpoint, ready for
+        ``model.load(path)`` or ``model.resume_from_checkpoint(path)``; None if it has none."""
+        checkpoints = [c for c in self.list_checkpoints(run_id) if c.checkpoint_type == "training"]
+        return checkpoints[-1].twinkle_path if checkpoints else None
 
-    def delete_checkpoint(
-        self, training_run_id_or_path: str, checkpoint_id: str | None = None
-    ) -> None:
-        """``delete_checkpoint(run_id, 'weights/<name>')``, or with a checkpoint's path."""
+    @keywords("TwinkleClient", training_run_id_or_path="run_id")
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str | None = None) -> None:
+        """``delete_checkpoint(run_id, checkpoint_id)``, or with a checkpoint's
+        ``twinkle://`` path alone."""
         if checkpoint_id is None:
-            run_id, _, checkpoint_id = training_run_id_or_path.split("://", 1)[-1].partition("/")
-        else:
-            run_id = training_run_id_or_path
-            if "/" not in checkpoint_id:
-                checkpoint_id = f"weights/{checkpoint_id}"
-        self.transport.request("DELETE", f"/training_runs/{run_id}/checkpoints/{checkpoint_id}")
+            run_id, _, checkpoint_id = run_id.split("://", 1)[-1].partition("/")
+        route = f"/training_runs/{_segment(run_id)}/checkpoints/{_checkpoint_id(checkpoint_id)}"
+        self.transport.request("DELETE", route)
 
     def get_weights_info(self, twinkle_path: str) -> WeightsInfo:
+        """What a checkpoint holds: ``base_model``, ``is_lora``, ``lora_rank``, ``lora_config``."""
         body = self.transport.request("POST", "/weights_info", {"twinkle_path": twinkle_path})
         return WeightsInfo.model_validate(body)
 
 
-def _path(checkpoint: Checkpoint) -> CheckpointPath:
-    tinker = checkpoint.tinker_path or checkpoint.twinkle_path.replace("twinkle://", "tinker://")
-    return CheckpointPath(twinkle_path=checkpoint.twinkle_path, path=tinker)
+def _route_prefix(prefix: Any) -> str:
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise ValueError(f"route_prefix must be a path such as '/twinkle', got {prefix!r}")
+    return prefix.rstrip("/") or DEFAULT_ROUTE_PREFIX
+
+
+def _interval(seconds: Any) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ValueError(
+            f"session_heartbeat_interval must be a positive number of seconds, got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def _metadata(metadata: Any) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise TypeError(f"session_metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"session_metadata must be JSON (str keys, plain values): {exc}") from None
+    return metadata
+
+
+def _segment(value: Any) -> str:
+    """A run or session id as one URL path segment."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"an id must be a non-empty string, got {value!r}")
+    return quote(value, safe=":")
+
+
+def _checkpoint_id(checkpoint_id: Any) -> str:
+    """``weights/<name>`` (the bare name of a training checkpoint gets the ``weights/``)."""
+    if not isinstance(checkpoint_id, str) or not checkpoint_id:
+        raise TypeError(f"checkpoint_id must be a non-empty string, got {checkpoint_id!r}")
+    if "/" not in checkpoint_id:
+        checkpoint_id = f"weights/{checkpoint_id}"
+    return quote(checkpoint_id, safe="/:")
+
+
+def _without_hub(model_id: str) -> str:
+    """``'ms://Qwen/Qwen3.5-4B'`` -> ``'Qwen/Qwen3.5-4B'``: the id without its hub."""
+    return model_id.split("://", 1)[-1]
 
 
 _default: TwinkleClient | None = None
+_default_lock = threading.Lock()
+
+
+def _set_default(client: TwinkleClient) -> None:
+    global _default
+    with _default_lock:
+        _default = client
+
+
+def _clear_default(client: TwinkleClient) -> None:
+    global _default
+    with _default_lock:
+        if _default is client:
+            _default = None
 
 
 def init_twinkle_client(
     base_url: str | None = None, api_key: str | None = None, **kwargs: Any
 ) -> TwinkleClient:
-    """Connect, and make this client the default of the proxies."""
-    global _default
-    _default = TwinkleClient(base_url, api_key, **kwargs)
-    return _default
+    """Connect; the new client becomes the shared context of the proxies (as every new
+    ``TwinkleClient`` does). Takes ``TwinkleClient``'s keywords."""
+    return TwinkleClient(base_url, api_key, **kwargs)
 
 
 def get_client(client: TwinkleClient | None = None) -> TwinkleClient:
+    """``client``, or the shared context: the most recent open ``TwinkleClient``."""
     if client is not None:
         return client
     if _default is None:
-        raise TwinkleClientError("no Twinkle client: call init_twinkle_client(base_url, api_key)")
+        raise TwinkleClientError(
+            "no Twinkle client: create one first, TwinkleClient(base_url, api_key) or "
+            "init_twinkle_client(base_url, api_key)"
+        )
     return _default

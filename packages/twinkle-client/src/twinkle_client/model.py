@@ -46,7 +46,7 @@ class MultiLoraTransformersModel:
 
     def _call(self, method: str, adapter_name: str | None, **args: Any) -> Any:
         body = {"training_run_id": self.training_run_id(adapter_name), "args": clean(args)}
-        return self.client.call(f"/twinkle/model/{method}", body)
+        return self.client.call(f"/model/{method}", body)
 
     # ---- adapters and components ------------------------------------------------------
 
@@ -62,13 +62,13 @@ class MultiLoraTransformersModel:
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "model_id": self.model_id,
         }
-        result = self.client.call("/twinkle/model/add_adapter_to_model", clean(body))
+        result = self.client.call("/model/add_adapter_to_model", clean(body))
         self.runs[adapter_name] = result["training_run_id"]
 
     def remove_adapter(self, adapter_name: str | None = None) -> None:
         """Free the adapter's LoRA slot on the server (its checkpoints stay)."""
         run_id = self.training_run_id(adapter_name)
-        self.client.call("/twinkle/model/remove_adapter", {"training_run_id": run_id})
+        self.client.call("/model/remove_adapter", {"training_run_id": run_id})
         self.runs = {name: run for name, run in self.runs.items() if run != run_id}
 
     def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:

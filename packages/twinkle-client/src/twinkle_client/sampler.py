@@ -31,7 +31,7 @@ class vLLMSampler:  # noqa: N801 - the documents' name
     def set_template(self, template: Any, **kwargs: Any) -> None:
         kwargs.pop("model_id", None)
         body = {"template": name_of(template, "template"), "kwargs": clean(kwargs)}
-        self.client.call("/twinkle/sampler/set_template", body)
+        self.client.call("/sampler/set_template", body)
 
     def sample(
         self,
@@ -51,7 +51,7 @@ class vLLMSampler:  # noqa: N801 - the documents' name
                 "adapter_uri": adapter_uri,
             }
         )
-        result = self.client.call("/twinkle/sampler/sample", body)
+        result = self.client.call("/sampler/sample", body)
         return {
             "sequences": [SampledSequence.from_dict(s) for s in result["sequences"]],
             "responses": [SampleResponse.from_dict(r) for r in result["responses"]],

@@ -39,23 +39,37 @@ class TrainingRun(_Model):
 
 
 class Cursor(_Model):
+    """Where a page of ``list_training_runs_with_cursor`` sits among all of the key's runs."""
+
     offset: int
     limit: int
     total_count: int
 
-
-class TrainingRunsPage(_Model):
-    training_runs: list[TrainingRun]
-    cursor: Cursor
+    @property
+    def next_offset(self) -> int | None:
+        """The ``offset`` of the next page, or None after the last one."""
+        end = self.offset + self.limit
+        return end if end < self.total_count else None
 
 
 class CheckpointPath(_Model):
-    """Where a checkpoint lives: ``twinkle_path`` for Twinkle calls (``model.load``,
-    ``sampler.sample(adapter_uri=...)``), ``path`` the same URI in the ``tinker://`` form
-    the Tinker SDK takes."""
+    """Where a checkpoint lives: ``path`` its folder on the server's filesystem,
+    ``twinkle_path`` the URI for Twinkle calls (``model.load``,
+    ``sampler.sample(adapter_uri=...)``), ``tinker_path`` the same URI in the ``tinker://``
+    form the Tinker SDK takes."""
 
-    twinkle_path: str
     path: str
+    twinkle_path: str
+    tinker_path: str
+
+
+class SessionInfo(_Model):
+    """The server's record of a client session: its metadata and what it holds."""
+
+    session_id: str
+    user_metadata: dict[str, Any] = {}
+    training_run_ids: list[str] = []
+    sampler_ids: list[str] = []
 
 
 class CapacityInfo(_Model):

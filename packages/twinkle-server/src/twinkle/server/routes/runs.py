@@ -121,6 +121,30 @@ async def not_offered(run_id: str, checkpoint_id: str, request: Request) -> dict
     )
 
 
+@router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
+async def no_download_urls(run_id: str, checkpoint_id: str, request: Request) -> dict:
+    """Tinker's signed download URLs: refused plainly (the route below would read the suffix
+    as part of the checkpoint id)."""
+    caller(request)
+    raise BadRequest(
+        "this server gives no download URLs: a checkpoint's files stay on the server (GET "
+        "the checkpoint for its folder) and load by their twinkle:// or tinker:// path"
+    )
+
+
+@router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+async def get_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> dict:
+    """One checkpoint, with ``path``: its folder on the server's filesystem (the owner's
+    own files, for a client that shares that filesystem or a job that reads them there)."""
+    principal = caller(request)
+    state = state_of(request)
+    uri = parse_uri(f"twinkle://{run_id}/{checkpoint_id}")
+    record = state.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
+    if record is None:
+        raise NotFound(f"no checkpoint {uri}")
+    return {**checkpoint_json(record), "path": record.path}
+
+
 @router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
 async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> dict:
     principal = caller(request)
@@ -135,6 +159,8 @@ async def weights_info(request: Request) -> dict:
     state = state_of(request)
     body = await json_body(request)
     path = body.get("twinkle_path") or body.get("tinker_path")
+    if path is None:
+        raise BadRequest("the request needs 'twinkle_path' (twinkle://<run>/weights/<name>)")
     uri = parse_uri(path)
     record = state.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
     run = state.store.get_run(principal.key_id, uri.run_id)

@@ -63,7 +63,7 @@ async def create_session(request: Request) -> dict:
     body = await json_body(request)
     metadata = field(body, "user_metadata", dict, {})
     session = state_of(request).sessions.create(principal, metadata)
-    return {"session_id": session.id}
+    return {"session_id": session.id, "user_metadata": session.metadata}
 
 
 @router.post("/session_heartbeat")
