@@ -314,7 +314,7 @@ def init_twinkle_client(
 
 
 def get_client(client: TwinkleClient | None = None) -> TwinkleClient:
-    """``client``, or the shared context: the most recent open ``TwinkleClient``."""
+    """``client``, or the shared context: the ``TwinkleClient`` made last, until it closes."""
     if client is not None:
         return client
     if _default is None:
