@@ -7,7 +7,7 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup
-from twinkle.infra import RemoteError, ray_runtime, reset
+from twinkle.infra import EarlierCallError, RemoteError, ray_runtime, reset
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,40 @@ def test_a_failed_lazy_call_is_reported_at_the_next_call_with_its_own_line(shard
     with pytest.raises(RemoteError, match="KeyError"):
         pending.resolve()  # reading the result raises the same error
     assert shard.first_rank() == 0  # reported once
+
+
+def test_a_lazy_failure_reported_at_a_construction_names_the_failed_call_not_the_next(shard):
+    """The issue's case: a lazy call fails, then an unrelated component is built. The error
+    leads with the call that failed and its line, says the construction did not run, and
+    the construction, tried again, is not blamed: it runs."""
+    from ray_components import Numbers
+
+    shard.lazy_fail_on(1)  # the set_optimizer that fails
+    time.sleep(1.0)
+    with pytest.raises(EarlierCallError) as caught:
+        Numbers(6, 2, remote_group="model")  # the next, unrelated call
+    error, message = caught.value, str(caught.value)
+    assert message.startswith("Shard.lazy_fail_on failed on worker rank 1 of group 'model'")
+    assert line_of("shard.lazy_fail_on(1)  # the set_optimizer that fails") in message
+    assert "KeyError: 'lazy failure'" in message.splitlines()[0]
+    number = line_of("# the next, unrelated call").split(":")[1]
+    reported_at = f"Numbers(...) at {__file__}:{number} in "
+    assert f"before the next remote call, {reported_at}" in message
+    assert "which did not run and is not at fault" in message
+    assert (error.failed_call, error.rank, error.group) == ("Shard.lazy_fail_on", 1, "model")
+    assert error.reported_at.startswith(reported_at)
+    assert isinstance(error, RemoteError) and isinstance(error.__cause__, KeyError)
+    numbers = Numbers(6, 2, remote_group="model")  # reported once: the retry runs
+    assert len(numbers) == 3
+
+
+def test_a_lazy_failure_read_from_its_result_is_not_reported_again(shard):
+    pending = shard.lazy_fail_on(0)
+    with pytest.raises(RemoteError, match="KeyError") as caught:
+        pending.resolve()  # the caller reads the result and gets the failure here
+    assert not isinstance(caught.value, EarlierCallError)
+    time.sleep(0.5)
+    assert shard.first_rank() == 0  # the next call is not blamed for it
 
 
 def test_sync_waits_and_raises_at_the_call(shard):

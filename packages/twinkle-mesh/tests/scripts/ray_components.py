@@ -179,3 +179,49 @@ class Head:
     @remote_function(dispatch="all", collect="first", lazy_collect=False)
     def first_batch(self):
         return next(iter(self.source))
+
+
+# ---- the RemoteClass page's samples ---------------------------------------------------------
+
+
+@remote_class(execute="first")
+class MyComponent:
+    """The page's MyComponent: built on the group's first worker."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+    @remote_function(dispatch="slice_dp", collect="first")
+    def func(self, *args, **kwargs):
+        return {"args": args, "kwargs": kwargs, "worker_group": get_worker_group()}
+
+
+def _dispatcher(length, i, args, kwargs, device_mesh):
+    # length is the number of workers, i this worker's rank; device_mesh is the component's
+    # mesh, bound to worker i: the share of the batch that worker i's data rank reads.
+    share = device_mesh.get_slice(len(args[0]))
+    seen = {"data_rank": device_mesh.data_rank, "of": device_mesh.data_world_size, "i": i}
+    return (args[0][share],), {**kwargs, "seen": seen}
+
+
+def _collect(all_results, device_mesh):
+    # One result per data rank (the ranks whose tp coordinate is 0), in data-rank order.
+    tp_axis = device_mesh.mesh_dim_names.index("tp")
+    first_tp = device_mesh.mesh.take(0, axis=tp_axis).ravel().tolist()
+    return [
+        item
+        for rank in sorted(first_tp, key=device_mesh.data_rank_of)
+        for item in all_results[rank]
+    ]
+
+
+@remote_class(execute="all")
+class PageShard:
+    """A component whose method dispatches and collects with the page's functions."""
+
+    def __init__(self, device_mesh: DeviceMesh) -> None:
+        self.device_mesh = device_mesh
+
+    @remote_function(dispatch=_dispatcher, collect=_collect)
+    def tag(self, batch, seen):
+        return [(item, seen, _rank()) for item in batch]

@@ -58,7 +58,7 @@ class RemoteComponent:
     def build(cls: type, args: tuple, kwargs: dict, group_name: str) -> RemoteComponent:
         site = CallSite.here()
         runtime = get_runtime()
-        runtime.raise_earlier_failures()
+        runtime.raise_earlier_failures(before=(f"{cls.__name__}(...)", site))
         group = runtime.group(group_name)
         group.ensure_started()
         execute = cls.__twinkle_remote_class__.execute
@@ -93,7 +93,7 @@ class RemoteComponent:
     def _call(self, name: str, spec: RemoteSpec, *args: Any, **kwargs: Any) -> Any:
         site = CallSite.here()
         cls, group, instance_id, ranks, mesh = self._twinkle
-        get_runtime().raise_earlier_failures()
+        get_runtime().raise_earlier_failures(before=(f"{cls.__name__}.{name}", site))
         group.check_alive()
         if spec.execute == "first":
             ranks = ranks[:1]

@@ -29,6 +29,21 @@ class RemoteError(RuntimeError):
         self.group = group
 
 
+class EarlierCallError(RemoteError):
+    """A lazy call failed after it returned; raised at the next remote call, which did not run.
+
+    The message leads with the call that failed and the driver line that made it, then says
+    which call it is reported at (``reported_at``) and that that call was not at fault.
+    ``failed_call`` is the failed call's ``Component.method``.
+    """
+
+    def __init__(
+        self, message: str, *, failed_call: str, reported_at: str, rank: int, group: str
+    ) -> None:
+        super().__init__(message, rank=rank, group=group)
+        self.failed_call, self.reported_at = failed_call, reported_at
+
+
 @dataclass(frozen=True)
 class CallSite:
     """The driver line that made a remote call (captured cheaply; formatted only on failure)."""
@@ -51,6 +66,10 @@ class CallSite:
         line = linecache.getline(self.filename, self.lineno).strip()
         where = f"{self.filename}:{self.lineno} in {self.function}"
         return f"{where}: {line}" if line else where
+
+
+Before = tuple[str, CallSite | None]
+"""The call a lazy call's failure is reported at: what it calls, and its driver line."""
 
 
 @dataclass(frozen=True)
@@ -77,16 +96,36 @@ class Failure:
     def is_stop(self) -> bool:
         return self.exc_type == "StopIteration"
 
-    def error(self, what: str, group: str, site: CallSite | None) -> BaseException:
-        """The exception the caller raises: StopIteration as is, anything else a RemoteError."""
+    def error(
+        self, what: str, group: str, site: CallSite | None, before: Before | None = None
+    ) -> BaseException:
+        """The exception the caller raises: StopIteration as is, anything else a RemoteError;
+        an EarlierCallError when reported ``before`` another call (a lazy call's failure)."""
         if self.is_stop:
             return StopIteration()
         called = f" (called at {site})" if site else ""
-        message = (
+        headline = (
             f"{what} failed on worker rank {self.rank} of group {group!r}{called}: "
-            f"{self.exc_type}: {self.message}\n--- traceback on the worker ---\n{self.traceback}"
+            f"{self.exc_type}: {self.message}"
         )
-        error = RemoteError(message, rank=self.rank, group=group)
+        worker = f"\n--- traceback on the worker ---\n{self.traceback}"
+        if before is None:
+            error = RemoteError(headline + worker, rank=self.rank, group=group)
+        else:
+            next_call = f"{before[0]} at {before[1]}" if before[1] else before[0]
+            note = (
+                f"\n{what} ran lazily (the driver did not wait for it), so its failure is "
+                f"reported before the next remote call, {next_call}, which did not run and is not "
+                "at fault. To stop at the failing call itself, pass sync=True to its "
+                "remote_function or twinkle.initialize(..., lazy_collect=False)."
+            )
+            error = EarlierCallError(
+                headline + note + worker,
+                failed_call=what,
+                reported_at=next_call,
+                rank=self.rank,
+                group=group,
+            )
         error.__cause__ = self.exception
         return error
 

@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from twinkle.infra.collect import Collector, collect
-from twinkle.infra.ray_errors import CallSite, Failure, RemoteError, dead_worker_error
+from twinkle.infra.ray_errors import Before, CallSite, Failure, RemoteError, dead_worker_error
 from twinkle.infra.ray_traffic import record_received
 from twinkle.infra.state import get_worker_group
 from twinkle.mesh import DeviceMesh
@@ -43,8 +43,9 @@ class CallInfo:
         return CallInfo, (self.what, self.group, self.site, self.actor_ids)
 
 
-def fetch(refs: list, ranks: Sequence[int], info: CallInfo) -> list:
-    """``ray.get`` the workers' results; a Failure or a dead worker becomes the caller's error.
+def fetch(refs: list, ranks: Sequence[int], info: CallInfo, before: Before | None = None) -> list:
+    """``ray.get`` the workers' results; a Failure or a dead worker becomes the caller's error
+    (``before``: the later call it is reported at, for a lazy call's failure).
 
     ``ray.get`` returns as soon as one result is an error, so a worker that dies while
     its peers wait in a collective fails the call at once instead of hanging it.
@@ -60,7 +61,7 @@ def fetch(refs: list, ranks: Sequence[int], info: CallInfo) -> list:
         ) from exc
     for value in values:
         if isinstance(value, Failure):
-            raise value.error(info.what, info.group, info.site)
+            raise value.error(info.what, info.group, info.site, before)
     return values
 
 
@@ -93,7 +94,15 @@ class LazyResult:
     def resolve(self) -> Any:
         """Fetch the workers' results (once) and collect them into the call's return value."""
         if self._value is _UNSET:
-            values = fetch(self.refs, self.ranks, self.info)
+            try:
+                values = fetch(self.refs, self.ranks, self.info)
+            except BaseException:
+                if get_worker_group() is None:  # the driver: this failure is now reported
+                    from twinkle.infra import ray_runtime
+
+                    if ray_runtime._runtime is not None:
+                        ray_runtime._runtime.forget(self.info)
+                raise
             if get_worker_group() is None:
                 record_received(values)
             self._value = collect(self.mode, values, self.mesh)

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from twinkle.infra import ray_lazy
-from twinkle.infra.ray_errors import RemoteError
+from twinkle.infra.ray_errors import Before, RemoteError
 from twinkle.infra.ray_group import WorkerGroup
 from twinkle.infra.ray_lazy import CallInfo, fetch
 from twinkle.infra.ray_resources import check_groups_fit
@@ -48,9 +48,10 @@ class RayRuntime:
             )
         return self.groups[name]
 
-    def raise_earlier_failures(self, timeout: float = 0) -> None:
+    def raise_earlier_failures(self, timeout: float = 0, before: Before | None = None) -> None:
         """Raise the error of a finished lazy call that failed (each is reported once);
-        ``timeout`` is how long to wait for calls still running."""
+        ``timeout`` is how long to wait for calls still running; ``before`` is the call about
+        to run (what, call site), which the error says did not run."""
         if not self.pending:
             return
         refs = [ref for statuses, _, _ in self.pending for ref in statuses]
@@ -61,7 +62,12 @@ class RayRuntime:
             (finished if all(r in done for r in entry[0]) else still).append(entry)
         self.pending = still
         for statuses, ranks, info in finished:
-            fetch(statuses, ranks, info)
+            fetch(statuses, ranks, info, before)
+
+    def forget(self, info: CallInfo) -> None:
+        """Drop the pending status of a call whose failure its caller already got (by
+        reading its result), so that the next call does not report it again."""
+        self.pending = [entry for entry in self.pending if entry[2] is not info]
 
     def on_dead_worker(self, group: str, rank: int, cause: str) -> None:
         if group in self.groups and self.groups[group].broken is None:
