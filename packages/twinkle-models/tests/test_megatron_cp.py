@@ -4,7 +4,7 @@ against the one-process TransformersModel on the same weights.
 Two launches of scripts/megatron_cp.py: two processes (cp2 on the tiny Qwen3 with a packed
 batch and GRPO steps, cp2 on a tiny Qwen3-MoE, LoRA under cp2) and four processes (tp2 × cp2
 with sequence parallel, pp2 × cp2, pp2 × vpp2 × cp2, dp2 × cp2, dp2 × cp2 × ep2 on the MoE).
-megatron-core's CUDA-bound calls are patched by the test-only megatron_cpu_patches.
+No GPU here: MegatronModel runs in its CPU mode (gloo; ``twinkle.model.megatron.cpu_mode``).
 
 Tolerances as in test_megatron_parallel: logits and logps agree to 1e-5 (float32 summation
 order differs across shards); losses to 1e-5 after the first AdamW step and 1e-4 after

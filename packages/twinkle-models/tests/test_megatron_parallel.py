@@ -6,7 +6,7 @@ without the distributed optimizer, pp2 × vpp2,
 dp2 × ep2 on a tiny Qwen3-MoE, a checkpoint saved under tp2 resumed under dp2, and LoRA
 under tp2); four processes (tp2 × pp2, and pp2 × dp2 × ep2 on the MoE without top-k
 renormalisation).
-megatron-core's CUDA-bound calls are patched by the test-only megatron_cpu_patches.
+No GPU here: MegatronModel runs in its CPU mode (gloo; ``twinkle.model.megatron.cpu_mode``).
 
 Tolerances: logits and logps agree to 1e-5 (float32 summation order differs across
 shards); the reference and Megatron losses agree to 1e-6 at the first step and, as

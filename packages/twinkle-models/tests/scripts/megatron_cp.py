@@ -19,17 +19,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import megatron_cpu_patches  # noqa: E402
-
-megatron_cpu_patches.apply()
-
-from megatron.core import parallel_state  # noqa: E402
-
-from twinkle import DeviceMesh  # noqa: E402
-from twinkle.model import MegatronModel, TransformersModel  # noqa: E402
-from twinkle.processor import InputProcessor  # noqa: E402
+from twinkle import DeviceMesh
+from twinkle.model import MegatronModel, TransformersModel
+from twinkle.model.megatron.cpu_mode import cpu_mode
+from twinkle.processor import InputProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_parallel import (  # noqa: E402
@@ -62,7 +57,7 @@ def full_logits(model, batch: dict) -> torch.Tensor:
 
     chunk = model.chunks[0]
     chunk.eval()
-    with torch.no_grad():
+    with torch.no_grad(), cpu_mode():  # the chunk itself, outside MegatronModel's methods
         local = chunk(split_sequence(batch["input_ids"]), None, None)
         local = gather_from_tensor_model_parallel_region(local)[..., : model.spec.vocab_size]
         return gather_sequence(local.contiguous())

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron.core import parallel_state  # noqa: E402
-from megatron_parallel import (  # noqa: E402  (applies the CPU patches on import)
+from megatron_parallel import (  # noqa: E402
     MODEL,
     SIZES,
     equivalence,

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron.core import parallel_state  # noqa: E402
-from megatron_parallel import features, max_diff, moe_config  # noqa: E402  (CPU patches)
+from megatron_parallel import features, max_diff, moe_config  # noqa: E402
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 

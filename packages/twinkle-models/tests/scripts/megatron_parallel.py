@@ -20,20 +20,15 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
+from transformers import AutoConfig, AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import megatron_cpu_patches  # noqa: E402
-
-megatron_cpu_patches.apply()
-
-from megatron.core import parallel_state  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
-
-from twinkle import DeviceMesh  # noqa: E402
-from twinkle.hub import resolve_model  # noqa: E402
-from twinkle.model import MegatronModel, TransformersModel  # noqa: E402
-from twinkle.model.checkpoint import CheckpointError  # noqa: E402
-from twinkle.template import build_template  # noqa: E402
+from twinkle import DeviceMesh
+from twinkle.hub import resolve_model
+from twinkle.model import MegatronModel, TransformersModel
+from twinkle.model.checkpoint import CheckpointError
+from twinkle.model.megatron.cpu_mode import cpu_mode
+from twinkle.template import build_template
 
 MODEL = "bundled://tiny-qwen3"
 STEPS = 3
@@ -182,7 +177,7 @@ def logits_diff(model, reference, feats) -> float:
     batch, _, _ = model._collate(feats, state, {})
     chunk = model.chunks[0]
     chunk.eval()
-    with torch.no_grad():
+    with torch.no_grad(), cpu_mode():  # the chunk itself, outside MegatronModel's methods
         local = chunk(batch["input_ids"], None, None)
         logits = gather_from_tensor_model_parallel_region(local)[..., : model.spec.vocab_size]
         hf = reference.model(input_ids=batch["input_ids"]).logits

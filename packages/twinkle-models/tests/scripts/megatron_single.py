@@ -5,7 +5,8 @@ the test asserts on: losses of the documents' loop (AdamW + the 'default' schedu
 to TransformersModel's, micro-batching, gradient accumulation, the three-call step,
 forward_only without labels, an exact resume, a GRPO step, packed (padding-free) batches,
 and the bad inputs that need megatron-core.
-A separate process, because the CPU patches and Megatron's parallel state are global.
+A separate process, because Megatron's parallel state is global. No GPU: MegatronModel
+runs in its CPU mode (``twinkle.model.megatron.cpu_mode``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import megatron_cpu_patches  # noqa: E402
-
-megatron_cpu_patches.apply()
-
-from twinkle import DeviceMesh  # noqa: E402
-from twinkle.model import MegatronModel, TransformersModel  # noqa: E402
-from twinkle.processor import InputProcessor  # noqa: E402
+from twinkle import DeviceMesh
+from twinkle.model import MegatronModel, TransformersModel
+from twinkle.processor import InputProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from megatron_parallel import MODEL, features  # noqa: E402

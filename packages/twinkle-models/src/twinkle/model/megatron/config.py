@@ -123,7 +123,7 @@ def _keep(weight: torch.Tensor) -> None:
     """An init method that leaves the weight as allocated (conversion fills it)."""
 
 
-def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cuda: bool):
+def transformer_config(spec: GPTSpec, layout: Any, precision: str, on_accelerator: bool):
     """Megatron's TransformerConfig for ``spec`` under ``layout``, with the local layer spec.
 
     Conversion overwrites every weight, so the init methods do nothing. NOTE:
@@ -145,7 +145,7 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cud
             moe_aux_loss_coeff=0.0,
             expert_tensor_parallel_size=layout.expert_tp,
             # alltoall is the fast path on GPUs; allgather needs no CUDA stream.
-            moe_token_dispatcher_type="alltoall" if device_is_cuda else "allgather",
+            moe_token_dispatcher_type="alltoall" if on_accelerator else "allgather",
         )
     return TransformerConfig(
         num_layers=spec.num_layers,
@@ -174,7 +174,7 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cud
         fp16=precision == "fp16",
         pipeline_dtype=dtype,
         autocast_dtype=dtype,
-        use_cpu_initialization=not device_is_cuda,
+        use_cpu_initialization=not on_accelerator,
         perform_initialization=True,
         init_method=_keep,
         output_layer_init_method=_keep,
@@ -186,6 +186,6 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, device_is_cud
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        deallocate_pipeline_outputs=device_is_cuda,
+        deallocate_pipeline_outputs=on_accelerator,
         **moe,
     )

@@ -122,18 +122,18 @@ class MegatronLayout:
             )
 
 
-def initialize_parallel_state(layout: MegatronLayout, seed: int) -> None:
+def initialize_parallel_state(layout: MegatronLayout, seed: int, backend: str) -> None:
     """Build Megatron's process groups (once per process) and its model-parallel RNG seeds.
 
-    torch.distributed starts from the launcher's environment (torchrun) when nobody
-    started it; a plain single process gets a private one-rank group, which
-    Megatron needs even then.
+    torch.distributed starts on ``backend`` (nccl, hccl, or gloo for the CPU) from the
+    launcher's environment (torchrun) when nobody started it; a plain single process gets a
+    private one-rank group, which Megatron needs even then.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
     if not dist.is_initialized():
-        _init_process_group()
+        _init_process_group(backend)
     world = dist.get_world_size()
     if world != layout.world_size:
         raise ValueError(
@@ -166,14 +166,12 @@ def initialize_parallel_state(layout: MegatronLayout, seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def _init_process_group() -> None:
+def _init_process_group(backend: str) -> None:
     import os
     import socket
 
-    import torch
     import torch.distributed as dist
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend)
         return

@@ -42,25 +42,20 @@ import torch
 
 from twinkle.data_format import ModelOutput
 from twinkle.infra import get_global_device_mesh, remote_class, remote_function
-from twinkle.mesh import DeviceMesh, Platform
+from twinkle.mesh import DeviceMesh
 from twinkle.model.base import TwinkleModel
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.megatron._require import require_megatron
 from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
+from twinkle.model.megatron.cpu_mode import runs_in_cpu_mode
+from twinkle.model.megatron.device import dist_backend, resolve_device
 from twinkle.model.precision import resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.module import build_lr_scheduler
 
 
-def _default_device() -> torch.device:
-    if Platform.detect_device_type() == "cuda":
-        device = torch.device("cuda", Platform.get_local_rank())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
-
-
 @remote_class(execute="all")
+@runs_in_cpu_mode
 class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
     """A Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM from a hub id, a folder or
     ``bundled://tiny-qwen3``, trained with Megatron-core's tensor, pipeline (and virtual
@@ -84,32 +79,40 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         device: str | torch.device | None = None,
         use_distributed_optimizer: bool = False,
     ) -> None:
+        self.device_mesh = device_mesh or get_global_device_mesh()
+        # NOTE: before megatron-core is imported: on an NPU, MindSpeed must patch it first.
+        mesh_device = self.device_mesh.device_type if self.device_mesh else "cuda"
+        self.device = resolve_device(device, mesh_device)
         require_megatron()
-        from twinkle.model.megatron.build import build_gpt_chunks, load_weights, wrap_ddp
-        from twinkle.model.megatron.config import gpt_spec, transformer_config
-        from twinkle.model.megatron.layout import MegatronLayout, initialize_parallel_state
-        from twinkle.model.megatron.source import hf_source
+        from twinkle.model.megatron.layout import MegatronLayout
 
         self.model_id = None if model_id is None else str(model_id)
-        self.device_mesh = device_mesh or get_global_device_mesh()
         self.layout = MegatronLayout.from_mesh(self.device_mesh)
-        self.device = torch.device(device) if device is not None else _default_device()
         self.precision = resolve_precision(mixed_precision, self.device.type)
         self.use_distributed_optimizer = bool(use_distributed_optimizer)
         self.seed = seed
         self.lora_config = self.lora_settings = None
-        self.hf_config, reader, self.model_dir = hf_source(model_id, config, seed)
+        self._build(model_id, config)  # in the CPU mode on a CPU, as every method
+        self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
+        self._grads_ready = False  # main gradients prepared for the coming optimizer step
+
+    def _build(self, model_id: str | os.PathLike | None, config: Any) -> None:
+        """Megatron's process groups, this rank's GPTModel chunks with the HF weights, DDP."""
+        from twinkle.model.megatron.build import build_gpt_chunks, load_weights, wrap_ddp
+        from twinkle.model.megatron.config import gpt_spec, transformer_config
+        from twinkle.model.megatron.layout import initialize_parallel_state
+        from twinkle.model.megatron.source import hf_source
+
+        self.hf_config, reader, self.model_dir = hf_source(model_id, config, self.seed)
         self.layout.check_model(self.hf_config)
         self.spec = gpt_spec(self.hf_config, self.layout.tp)
-        initialize_parallel_state(self.layout, seed)
+        initialize_parallel_state(self.layout, self.seed, dist_backend(self.device))
         self.config = transformer_config(
-            self.spec, self.layout, self.precision, self.device.type == "cuda"
+            self.spec, self.layout, self.precision, on_accelerator=self.device.type != "cpu"
         )
         chunks = build_gpt_chunks(self.spec, self.config, self.device)
         load_weights(chunks, self.spec, reader)
         self.chunks = wrap_ddp(chunks, self.config, self.use_distributed_optimizer)
-        self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
-        self._grads_ready = False  # main gradients prepared for the coming optimizer step
 
     # ---- the adapter and the optimizer ------------------------------------------------
 
