@@ -1,8 +1,8 @@
 """MegatronModel on the CPU: weight-conversion time, and step time per parallel layout.
 
-A correctness harness here, not a speed claim: megatron-core runs on the CPU only through
-the test-only patches in ``packages/twinkle-models/tests/megatron_cpu_patches.py`` (its
-CUDA-bound calls redirected), with gloo and float32.
+A correctness harness here, not a speed claim: megatron-core runs on the CPU in
+MegatronModel's CPU mode (``twinkle.model.megatron.cpu_mode``: its CUDA-bound calls
+redirected), with gloo and float32.
 
 1. **Conversion**, on a ~50M-parameter Qwen3-shaped model saved as safetensors (hidden 512,
    12 layers, vocab 32k, random init): Hugging Face -> Megatron (read each tensor, cut the
@@ -16,7 +16,7 @@ CUDA-bound calls redirected), with gloo and float32.
    sequence and all-gathers keys and values) (2 processes under torchrun,
    OMP_NUM_THREADS=1 each). ``--layouts`` picks some of them. Median over
    ``--steps`` steps after a warm-up; the ratio is against TransformersModel. The CPU
-   patches hook every torch call of the Megatron runs (a TorchFunctionMode), which
+   mode hooks every torch call of the Megatron runs (a TorchFunctionMode), which
    TransformersModel does not pay.
 
     .venv/bin/python benchmarks/bench_megatron.py [--rounds 3] [--steps 5] \
@@ -91,7 +91,13 @@ def qwen3_config(**overrides):
 
 
 def conversion(rounds: int) -> list[dict]:
-    import megatron_cpu_patches
+    from twinkle.model.megatron.cpu_mode import cpu_mode
+
+    with cpu_mode():  # the chunk is used directly, outside MegatronModel's methods
+        return _conversion(rounds)
+
+
+def _conversion(rounds: int) -> list[dict]:
     import torch
     from megatron.core import parallel_state
     from transformers import AutoModelForCausalLM
@@ -106,13 +112,12 @@ def conversion(rounds: int) -> list[dict]:
     )
     from twinkle.model.megatron.layout import MegatronLayout, initialize_parallel_state
 
-    megatron_cpu_patches.apply()
     config = qwen3_config(**CONVERSION_CONFIG)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())
     layout = MegatronLayout()
-    initialize_parallel_state(layout, 0)
+    initialize_parallel_state(layout, 0, "gloo")
     spec = gpt_spec(config, 1)
     chunk = build_gpt_chunks(spec, transformer_config(spec, layout, "fp32", False), "cpu")[0]
     group = parallel_state.get_tensor_model_parallel_group()
@@ -162,16 +167,11 @@ def conversion(rounds: int) -> list[dict]:
 
 
 def worker(layout: str, steps: int, out: Path) -> None:
-    import megatron_cpu_patches
     import torch.distributed as dist
+    from megatron_parallel import features
 
     from twinkle import DeviceMesh
     from twinkle.model import MegatronModel, TransformersModel
-
-    # The patches slow every torch call a little (a Python hook): only Megatron gets them.
-    if layout != "transformers":
-        megatron_cpu_patches.apply()
-    from megatron_parallel import features
 
     config = qwen3_config(**STEP_CONFIG)
     feats = features()

@@ -16,8 +16,10 @@ import torch
 
 from twinkle.mesh import DeviceMesh
 from twinkle.model.transformers.strategy.sequence_parallel import (
+    SequenceParallel,
     SequenceParallelConfig,
-    apply_sequence_parallel,
+    SequenceParallelStrategy,
+    sequence_parallel_of,
 )
 
 SCRIPT = Path(__file__).parent / "scripts" / "sp_equivalence.py"
@@ -47,6 +49,7 @@ def test_sp_matches_one_process(results, case):
 def test_transformers_model_under_sp_matches_one_process(results, case):
     for rank in results:
         assert rank[case]["losses_sp"] == pytest.approx(rank[case]["losses_ref"], rel=1e-6)
+        assert rank[case]["strategy"] == "SequenceParallelStrategy"
     assert results[0][case]["weights_compared"] > 0
     assert results[0][case]["max_param_diff"] < 1e-5
 
@@ -86,21 +89,36 @@ def tiny_model():
 def test_config_ulysses_size_must_match_the_mesh():
     mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
     with pytest.raises(ValueError, match=r"ulysses_size=4\) differs from the DeviceMesh's"):
-        apply_sequence_parallel(tiny_model(), mesh, SequenceParallelConfig(ulysses_size=4))
+        SequenceParallelStrategy(mesh, SequenceParallelConfig(ulysses_size=4))
 
 
 def test_sp_needs_torch_distributed():
     assert not torch.distributed.is_initialized()
     mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
     with pytest.raises(RuntimeError, match="needs torch.distributed: launch with torchrun"):
-        apply_sequence_parallel(tiny_model(), mesh)
+        SequenceParallelStrategy(mesh).apply(tiny_model())
+
+
+def test_the_pages_three_names_are_the_config_the_strategy_and_the_core():
+    """The SP page lists SequenceParallelConfig, SequenceParallelStrategy and
+    SequenceParallel; the strategy checks the config against the mesh and is not applied
+    until apply(model) (torchrun: scripts/sp_equivalence.py)."""
+    mesh = DeviceMesh.from_sizes(world_size=8, dp_size=2, ulysses_size=4, device_type="cpu")
+    config = SequenceParallelConfig(enabled=True, ulysses_size=None, gather_logits=True)
+    strategy = SequenceParallelStrategy(mesh, config)
+    assert (strategy.size, strategy.active, strategy.config) == (4, True, config)
+    assert isinstance(SequenceParallel, type)
+    with pytest.raises(RuntimeError, match=r"apply\(model\) has not run yet"):
+        strategy.shard({"input_ids": torch.zeros(1, 4, dtype=torch.long)})
 
 
 def test_disabled_or_size_one_is_a_no_op():
     model = tiny_model()
     mesh = DeviceMesh.from_sizes(world_size=2, ulysses_size=2, device_type="cpu")
-    assert apply_sequence_parallel(model, mesh, SequenceParallelConfig(enabled=False)) is None
-    assert apply_sequence_parallel(model, DeviceMesh.from_sizes(device_type="cpu")) is None
+    off = SequenceParallelConfig(enabled=False)
+    assert SequenceParallelStrategy(mesh, off).apply(model) is None
+    assert SequenceParallelStrategy(DeviceMesh.from_sizes(device_type="cpu")).apply(model) is None
+    assert sequence_parallel_of(model) is None
     assert model.config._attn_implementation == "sdpa"
 
 

@@ -43,7 +43,8 @@ from twinkle.mesh import DeviceMesh
 from twinkle.model import TransformersModel
 from twinkle.model.transformers.strategy.sequence_parallel import (
     SequenceParallelConfig,
-    apply_sequence_parallel,
+    SequenceParallelStrategy,
+    sequence_parallel_of,
 )
 from twinkle.model.transformers.strategy.state_dict import full_model_state_dict
 from twinkle.patch import apply_for_batch
@@ -131,7 +132,7 @@ def max_diff(a: torch.nn.Module, b: torch.nn.Module, view) -> float:
 def run_case(kind: str, packed: bool, mesh: DeviceMesh, attention: str = "sdpa") -> dict:
     config = tiny_config(kind)
     reference, parallel = build(config, attention), build(config, attention)
-    sp = apply_sequence_parallel(parallel, mesh, SequenceParallelConfig())
+    sp = SequenceParallelStrategy(mesh, SequenceParallelConfig()).apply(parallel)
     optimizers = [torch.optim.SGD(m.parameters(), lr=LR) for m in (reference, parallel)]
     losses_ref, losses_sp, grad_diff = [], [], None
     for batch in batches(config.vocab_size, packed):
@@ -172,7 +173,9 @@ def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
         model.clip_grad_and_step(1.0)
     names = {n for n, p in model.model.named_parameters() if p.requires_grad}
     state = full_model_state_dict(model.model)
-    return {"losses": losses, "weights": {n: state[n].float() for n in names if n in state}}
+    strategy = type(sequence_parallel_of(model.model)).__name__  # what the model path ran
+    weights = {n: state[n].float() for n in names if n in state}
+    return {"losses": losses, "weights": weights, "strategy": strategy}
 
 
 def train_moe(mesh: DeviceMesh | None, aux_coef: float) -> dict:
@@ -214,6 +217,7 @@ def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
     return {
         "losses_ref": reference["losses"],
         "losses_sp": parallel["losses"],
+        "strategy": parallel["strategy"],
         "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
         "max_param_diff": float(max(diffs)) if diffs else None,
     }
@@ -223,7 +227,7 @@ def gathered_logits(mesh: DeviceMesh) -> float:
     """A forward without labels returns the full-sequence logits on every SP rank."""
     config = tiny_config("qwen3")
     reference, parallel = build(config), build(config)
-    sp = apply_sequence_parallel(parallel, mesh)
+    sp = SequenceParallelStrategy(mesh).apply(parallel)
     batch = batches(config.vocab_size, packed=False)[0]
     batch.pop("labels")
     with torch.no_grad():
@@ -238,7 +242,7 @@ def setup_error(kind: str, mesh: DeviceMesh, **overrides) -> str:
     for name, value in overrides.items():
         setattr(config, name, value)
     try:
-        apply_sequence_parallel(build(config), mesh)
+        SequenceParallelStrategy(mesh).apply(build(config))
     except (ValueError, NotImplementedError) as exc:
         return str(exc)
     return ""

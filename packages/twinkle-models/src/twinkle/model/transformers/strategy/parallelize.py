@@ -168,10 +168,10 @@ def parallelize(
         apply_expert_parallel(model, device_mesh, expert_parallel)
     if device_mesh.size("ulysses") > 1:
         from twinkle.model.transformers.strategy.sequence_parallel import (
-            apply_sequence_parallel,
+            SequenceParallelStrategy,
         )
 
-        apply_sequence_parallel(model, device_mesh, sequence_parallel)
+        SequenceParallelStrategy(device_mesh, sequence_parallel).apply(model)
     _enable_activation_checkpointing(model, gradient_checkpointing)
     torch_mesh = device_mesh.to_torch()
     dp, fsdp = device_mesh.size("dp"), device_mesh.size("fsdp")

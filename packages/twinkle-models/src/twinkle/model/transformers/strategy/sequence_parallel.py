@@ -1,6 +1,8 @@
 """Ulysses sequence parallel: each rank of an SP group runs the model on 1/sp of the sequence.
 
-Per forward (``SequenceParallel.shard`` then ``SequenceShard.outputs``):
+``SequenceParallelConfig`` configures it, ``SequenceParallelStrategy`` wraps its lifecycle
+(checked against the DeviceMesh, applied to a model, asked per forward), and
+``SequenceParallel`` is the core. Per forward (``shard`` then ``SequenceShard.outputs``):
 
 1. pad the batch to a multiple of ``sp`` (padding is masked out, or is a sequence of its
    own in a packed row) and keep this rank's contiguous slice of the tokens; position_ids
@@ -22,7 +24,7 @@ Gradient contract for the data-parallel strategy: each SP rank ends its backward
 partial gradient, and the partials of one SP group sum to the group's full gradient; every
 SP rank reports the group's full label-token count. So gradients are summed over all
 data-parallel ranks (SP peers included) and divided by the total token count over ranks
-divided by ``sp`` (``SequenceParallel.size``).
+divided by ``sp`` (``SequenceParallelStrategy.size``).
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ class SequenceShard:
 
 
 class SequenceParallel:
-    """Ulysses SP over one group of ranks, set up on a model by ``apply_sequence_parallel``."""
+    """Ulysses SP over one group of ranks: patches the model's attention, then pads, splits
+    and gathers each batch. Set up on a model by ``SequenceParallelStrategy.apply``."""
 
     def __init__(
         self, model: nn.Module, group: dist.ProcessGroup, config: SequenceParallelConfig
@@ -231,41 +234,81 @@ class SequenceParallel:
         return inputs, SequenceShard(self, batch_size, length, labels)
 
 
-def sequence_parallel_of(model: nn.Module) -> SequenceParallel | None:
-    """The ``SequenceParallel`` set up on ``model`` (a Hugging Face or peft model), if any."""
+class SequenceParallelStrategy:
+    """The Ulysses SP lifecycle on one model, the part a model's training path talks to.
+
+    Built from the DeviceMesh and a ``SequenceParallelConfig`` (checked against each other
+    here); ``apply(model)`` makes the SP groups and sets ``SequenceParallel`` (the pad /
+    split / gather core) up on the model's attention, and keeps the strategy on the model,
+    where ``sequence_parallel_of(model)`` finds it; then, per forward, ``shard(batch)`` gives
+    this rank's inputs, and ``rank``/``size`` tell the step how the SP peers count (one of
+    them reports a batch's metrics; the token count is divided by ``size``).
+    """
+
+    def __init__(
+        self, device_mesh: DeviceMesh, config: SequenceParallelConfig | None = None
+    ) -> None:
+        self.config = config or SequenceParallelConfig()
+        self.device_mesh = device_mesh
+        self.size = device_mesh.size("ulysses")
+        if self.config.ulysses_size is not None and self.config.ulysses_size != self.size:
+            raise ValueError(
+                f"SequenceParallelConfig(ulysses_size={self.config.ulysses_size}) differs from "
+                f"the DeviceMesh's ulysses_size={device_mesh.ulysses_size}; set it on the mesh "
+                f"(DeviceMesh.from_sizes(ulysses_size=...)) and leave the config's as None"
+            )
+        self._core: SequenceParallel | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether SP runs at all: enabled in the config and ulysses_size > 1."""
+        return self.config.enabled and self.size > 1
+
+    def apply(self, model: nn.Module) -> SequenceParallelStrategy | None:
+        """Set SP up on ``model`` (a Hugging Face or peft model); returns the strategy, or
+        None when it is not ``active`` (the model is left as it is)."""
+        if not self.active:
+            return None
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "Ulysses sequence parallel needs torch.distributed: launch with torchrun and "
+                "call twinkle.initialize() (or init_process_group) before building the model"
+            )
+        if dist.get_world_size() != self.device_mesh.world_size:
+            raise ValueError(
+                f"the DeviceMesh has {self.device_mesh.world_size} ranks but torch.distributed "
+                f"has {dist.get_world_size()}; size the mesh to the launched processes"
+            )
+        _check_heads(_hf_model(model).config.get_text_config(), self.size)
+        group = _my_group(self.device_mesh.group_ranks("ulysses"))
+        self._core = SequenceParallel(model, group, self.config)
+        # Kept on the model too, so its wrapper finds it whatever strategy wraps the model.
+        setattr(_hf_model(model), SP_ATTRIBUTE, self)
+        return self
+
+    def _applied(self) -> SequenceParallel:
+        if self._core is None:
+            raise RuntimeError("SequenceParallelStrategy.apply(model) has not run yet")
+        return self._core
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """This rank's SP group."""
+        return self._applied().group
+
+    @property
+    def rank(self) -> int:
+        """This rank's position in its SP group: which slice of the sequence it runs."""
+        return self._applied().rank
+
+    def shard(
+        self, batch: dict, embed_dtype: torch.dtype = torch.float32
+    ) -> tuple[dict, SequenceShard]:
+        """This rank's model inputs for ``batch`` and the shard that turns its logits into
+        the full outputs (``SequenceParallel.shard``)."""
+        return self._applied().shard(batch, embed_dtype)
+
+
+def sequence_parallel_of(model: nn.Module) -> SequenceParallelStrategy | None:
+    """The ``SequenceParallelStrategy`` applied to ``model`` (Hugging Face or peft), if any."""
     return getattr(_hf_model(model), SP_ATTRIBUTE, None)
-
-
-def apply_sequence_parallel(
-    model: nn.Module, device_mesh: DeviceMesh, config: SequenceParallelConfig | None = None
-) -> SequenceParallel | None:
-    """Set up Ulysses SP on ``model`` for the mesh's ulysses groups; returns the
-    ``SequenceParallel`` (None when SP is off or ulysses_size is 1), which
-    ``sequence_parallel_of(model)`` also finds later."""
-    config = config or SequenceParallelConfig()
-    if not config.enabled:
-        return None
-    size = device_mesh.size("ulysses")
-    if config.ulysses_size is not None and config.ulysses_size != size:
-        raise ValueError(
-            f"SequenceParallelConfig(ulysses_size={config.ulysses_size}) differs from the "
-            f"DeviceMesh's ulysses_size={device_mesh.ulysses_size}; set it on the mesh "
-            f"(DeviceMesh.from_sizes(ulysses_size=...)) and leave the config's as None"
-        )
-    if size == 1:
-        return None
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "Ulysses sequence parallel needs torch.distributed: launch with torchrun and call "
-            "twinkle.initialize() (or init_process_group) before building the model"
-        )
-    if dist.get_world_size() != device_mesh.world_size:
-        raise ValueError(
-            f"the DeviceMesh has {device_mesh.world_size} ranks but torch.distributed has "
-            f"{dist.get_world_size()}; size the mesh to the launched processes"
-        )
-    _check_heads(_hf_model(model).config.get_text_config(), size)
-    sp = SequenceParallel(model, _my_group(device_mesh.group_ranks("ulysses")), config)
-    # Kept on the model too, so its wrapper finds it whatever strategy wraps the model.
-    setattr(_hf_model(model), SP_ATTRIBUTE, sp)
-    return sp
