@@ -145,8 +145,8 @@ def train(base_url: str, max_steps: int, max_new_tokens: int) -> None:
         input_features, old_logps_list, completion_lengths = [], [], []
         for seq in sample_response.get("sequences", []):
             input_features.append(seq.get("new_input_feature", seq))
-            # the sampled token's logprob at each position (each entry lists it first)
-            old_logps_list.append([pairs[0][1] for pairs in seq.get("logprobs", [])])
+            # the sampler's (token_id, logprob) pairs per position, as the documents pass them
+            old_logps_list.append(seq.get("logprobs", []))
             completion_lengths.append(len(seq.get("tokens", [])))
 
         # 3. Rewards, computed here: they are client code.

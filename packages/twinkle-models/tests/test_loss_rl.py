@@ -120,8 +120,32 @@ def test_sampler_style_old_logps_lists_are_aligned_to_the_label_tokens():
     from_lists, _ = run(GRPOLoss(), labels, logps, advantages=adv.tolist(), old_logps=ragged)
     assert from_lists["loss"].item() == pytest.approx(aligned["loss"].item(), rel=1e-12)
     ragged[1] = ragged[1][:-1]
-    with pytest.raises(ValueError, match=r"old_logps\[1\] has \(2,\) values .* 3 are label"):
+    with pytest.raises(ValueError, match=r"old_logps\[1\] has 2 values but row 1 .* has 3 label"):
         run(GRPOLoss(), labels, logps, advantages=adv, old_logps=ragged)
+
+
+def test_the_samplers_token_logprob_pairs_are_read_as_their_sampled_logprobs():
+    """``seq.logprobs`` as a row: per token, ``(token_id, logprob)`` pairs with the sampled
+    token first; lists, JSON-decoded lists or an (n, k, 2) array give the flat row's loss."""
+    labels, logps, old, _, adv = make_batch()
+    tokens = label_tokens(labels)
+    flat = [[old[b, t].item() for bb, t in tokens if bb == b] for b in range(B)]
+    pairs = [
+        [((int(labels[b, t]), old[b, t].item()), (7, -9.0)) for bb, t in tokens if bb == b]
+        for b in range(B)
+    ]
+    as_json = [[[list(p) for p in position] for position in row] for row in pairs]
+    arrays = [torch.tensor(row, dtype=torch.float64) for row in as_json]
+    expected, _ = run(GRPOLoss(), labels, logps, advantages=adv, old_logps=flat)
+    for rows in (pairs, as_json, arrays):
+        out, _ = run(GRPOLoss(), labels, logps, advantages=adv, old_logps=rows)
+        assert out["loss"].item() == expected["loss"].item()
+    # Another row's pairs (other tokens): refused, naming the row and the first token that differs.
+    wrong = [pairs[0], [((int(labels[1, 2]) + 1, -1.0), *p[1:]) for p in pairs[1]], pairs[2]]
+    with pytest.raises(ValueError, match=r"old_logps\[1\] holds the sampler's logprobs of other"):
+        run(GRPOLoss(), labels, logps, advantages=adv, old_logps=wrong)
+    with pytest.raises(ValueError, match=r"old_logps\[2\] has shape \(\d+, 2\); give"):
+        run(GRPOLoss(), labels, logps, advantages=adv, old_logps=[*arrays[:2], arrays[2][:, 0]])
 
 
 def test_fields_may_come_from_inputs_but_not_twice():

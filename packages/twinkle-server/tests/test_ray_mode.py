@@ -156,3 +156,25 @@ def test_sampling_on_the_sampler_group_equals_sampling_in_process(ray_server):
     base_logps = [pairs[0][1] for pairs in base[0]["logprobs"]]
     tuned_logps = [pairs[0][1] for pairs in tuned[0]["logprobs"]]
     assert base_logps != pytest.approx(tuned_logps, abs=1e-3)  # the adapter really applies
+
+
+def test_a_bad_loss_input_on_a_ray_worker_is_a_400_naming_it(ray_server):
+    """The worker's ValueError reaches the caller as a 400 with its message (not the worker's
+    traceback), and the run keeps training."""
+    state, http, headers = ray_server
+    session = http.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
+    body = {"session_id": session, "config": {"r": 4}}
+    added = http.post("/api/v1/twinkle/model/add_adapter_to_model", json=body, headers=headers)
+    run = added.json()["result"]["training_run_id"]
+
+    def call(method: str, **args):
+        body = {"training_run_id": run, "args": args}
+        return http.post(f"/api/v1/twinkle/model/{method}", json=body, headers=headers)
+
+    assert call("set_loss", loss="GRPOLoss").status_code == 200
+    bad = call("forward_backward", inputs=[FEATURE], advantages=[1.0], old_logps=[[-1.0] * 3])
+    assert bad.status_code == 400, bad.text
+    assert "old_logps[0] has 3 values but row 0 of the batch has 4 label tokens" in bad.text
+    assert "Traceback" not in bad.text and "worker rank" not in bad.text
+    good = call("forward_backward", inputs=[FEATURE], advantages=[1.0], old_logps=[[-1.0] * 4])
+    assert good.status_code == 200, good.text

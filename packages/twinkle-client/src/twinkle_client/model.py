@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle.data_format import ModelOutput
+from twinkle.data_format import ModelOutput, sampled_input_features
 from twinkle_client._wire import clean, lora_dict, name_of
 from twinkle_client.manager import TwinkleClient, get_client
 
@@ -207,6 +207,11 @@ class MultiLoraTransformersModel:
 
 
 def _batch(inputs: Any) -> Any:
+    """The rows to send: a sampler's result (what ``vLLMSampler.sample`` returns, here or
+    locally) as its sequences' ``new_input_feature``s; one row as a batch of one."""
+    sampled = sampled_input_features(inputs)
+    if sampled is not None:
+        return sampled
     if isinstance(inputs, dict) or hasattr(inputs, "keys"):
         inputs = [inputs]
     return list(inputs)

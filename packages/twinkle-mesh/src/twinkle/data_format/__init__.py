@@ -14,6 +14,7 @@ from twinkle.data_format.sampling import (
     SampleResponse,
     SamplingParams,
     TopLogprobs,
+    sampled_input_features,
 )
 
 __all__ = [
@@ -31,5 +32,6 @@ __all__ = [
     "ToolCall",
     "Trajectory",
     "from_jsonable",
+    "sampled_input_features",
     "to_jsonable",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, Strict, StrictFloat, StrictInt, field_validator, model_validator
@@ -92,3 +93,45 @@ class SampleResponse(DataModel):
 
     sequences: list[SampledSequence]
     prompt_logprobs: list[TopLogprobs | None] | None = None
+
+
+def sampled_input_features(samples: Any) -> list[InputFeature] | None:
+    """The ``new_input_feature`` of every sequence in a sampler's result, in order, for
+    ``model.forward_backward(inputs=sample_response)``: a SampleResponse, a SampledSequence, a
+    list of either, or the dict a remote sampler returns (``{'sequences': [...], ...}``).
+    None when ``samples`` is none of these (plain InputFeatures or Trajectories)."""
+    if isinstance(samples, Mapping):  # a plain dict: the remote sampler's result
+        if "sequences" not in samples or "input_ids" in samples:
+            return None
+        sequences = [
+            s if isinstance(s, SampledSequence) else SampledSequence.from_dict(s)
+            for s in samples["sequences"]
+        ]
+    elif isinstance(samples, SampleResponse | SampledSequence):
+        sequences = _sequences_of([samples])
+    elif (
+        isinstance(samples, list | tuple)
+        and samples
+        and all(isinstance(s, SampleResponse | SampledSequence) for s in samples)
+    ):
+        sequences = _sequences_of(samples)
+    else:
+        return None
+    features = []
+    for index, sequence in enumerate(sequences):
+        if sequence.new_input_feature is None:
+            raise ValueError(
+                f"sequence {index} of the sampler's result has no new_input_feature (the "
+                "prompt was given as token ids only); pass InputFeatures of prompt plus "
+                "completion instead"
+            )
+        features.append(sequence.new_input_feature)
+    return features
+
+
+def _sequences_of(samples: list | tuple) -> list[SampledSequence]:
+    return [
+        sequence
+        for sample in samples
+        for sequence in (sample.sequences if isinstance(sample, SampleResponse) else [sample])
+    ]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -95,12 +95,16 @@ def align_to_labels(
     dtype: torch.dtype = torch.float32,
     ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
-    """Per-token ``values`` as a (B, T) tensor aligned with ``labels``.
+    """Per-token ``values`` as a (B, T) tensor aligned with ``labels``: the one place where
+    the shapes users pass for ``old_logps`` (and the like) become the loss's.
 
     A tensor or array must already have the labels' shape. A list holds one row per
-    sequence, each either T long (already aligned) or exactly as long as the row's label
-    tokens, in which case its values are placed at the label positions in order: what a
-    sampler returns for the sampled completion. Positions off the labels get 0.
+    sequence, each either T values (already aligned) or one value per label token, placed at
+    the label positions in order: what a sampler returns for its completion. A row may also
+    be the sampler's own per-token lists of ``(token_id, logprob)`` pairs, the sampled token
+    first (``SampledSequence.logprobs``, as ``seq.get('logprobs')`` reads it): the sampled
+    tokens' logprobs are taken, and those tokens must be the row's label tokens. Positions
+    off the labels get 0.
     """
     if isinstance(values, torch.Tensor | np.ndarray):
         tensor = torch.as_tensor(values, dtype=dtype, device=labels.device)
@@ -111,28 +115,81 @@ def align_to_labels(
                 f"values for the label tokens only"
             )
         return tensor
-    if not isinstance(values, Sequence) or len(values) != labels.shape[0]:
+    if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != len(labels):
         size = len(values) if isinstance(values, Sequence) else type(values).__name__
         raise ValueError(
             f"{name} must be a (B, T) tensor or a list of one row per sequence "
-            f"({labels.shape[0]} rows), got {size}"
+            f"({labels.shape[0]} rows in this batch), got {size}"
         )
     mask = label_mask(labels, ignore_index)
     out = torch.zeros(labels.shape, dtype=dtype, device=labels.device)
     for row, row_values in enumerate(values):
-        row_tensor = torch.as_tensor(row_values, dtype=dtype, device=labels.device)
+        row_tensor, sampled_tokens = _row_values(row_values, name, row)
         n_labels = int(mask[row].sum())
-        if row_tensor.ndim == 1 and row_tensor.numel() == labels.shape[1]:
-            out[row] = row_tensor
-        elif row_tensor.ndim == 1 and row_tensor.numel() == n_labels:
-            out[row, mask[row]] = row_tensor
-        else:
+        if sampled_tokens is None and row_tensor.numel() == labels.shape[1]:
+            out[row] = row_tensor.to(dtype=dtype, device=labels.device)
+            continue
+        if row_tensor.numel() != n_labels:
             raise ValueError(
-                f"{name}[{row}] has {tuple(row_tensor.shape)} values but row {row} has "
-                f"{labels.shape[1]} tokens of which {n_labels} are label tokens; give one "
-                f"value per token or one per label token"
+                f"{name}[{row}] has {row_tensor.numel()} values but row {row} of the batch has "
+                f"{n_labels} label tokens (of {labels.shape[1]} tokens); give one value per "
+                f"label token (what the sampler returned for that row's completion) or one per "
+                f"token, in the order of the batch's rows"
             )
+        if sampled_tokens is not None:
+            _check_sampled_tokens(sampled_tokens, labels[row, mask[row]], name, row)
+        out[row, mask[row]] = row_tensor.to(dtype=dtype, device=labels.device)
     return out
+
+
+def _row_values(values: Any, name: str, row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One row of per-token values as (values (n,) float64, the sampled token ids (n,) when
+    the row held a sampler's ``(token_id, logprob)`` lists, else None)."""
+    hint = (
+        f"give {name}[{row}] as one float per label token (e.g. "
+        f"[lp[0][1] for lp in seq.logprobs]) or as the sampler's per-token lists of "
+        f"(token_id, logprob) pairs (seq.logprobs)"
+    )
+    if isinstance(values, torch.Tensor | np.ndarray):
+        tensor = torch.as_tensor(values)
+        if tensor.ndim == 1:
+            return tensor.to(torch.float64), None
+        if tensor.ndim == 3 and tensor.shape[1] >= 1 and tensor.shape[2] == 2:
+            return tensor[:, 0, 1].to(torch.float64), tensor[:, 0, 0].round().long()
+        raise ValueError(f"{name}[{row}] has shape {tuple(tensor.shape)}; {hint}")
+    if not isinstance(values, Sequence) or isinstance(values, str):
+        raise ValueError(f"{name}[{row}] is a {type(values).__name__}; {hint}")
+    if all(isinstance(v, Real) for v in values):
+        return torch.tensor(values, dtype=torch.float64), None
+    tokens, logps = [], []
+    for position, entry in enumerate(values):
+        pair = entry[0] if isinstance(entry, Sequence) and entry else None
+        if not (
+            isinstance(pair, Sequence)
+            and len(pair) == 2
+            and isinstance(pair[0], Integral)
+            and isinstance(pair[1], Real)
+        ):
+            raise ValueError(f"{name}[{row}][{position}] is {entry!r}; {hint}")
+        tokens.append(int(pair[0]))
+        logps.append(float(pair[1]))
+    return torch.tensor(logps, dtype=torch.float64), torch.tensor(tokens, dtype=torch.long)
+
+
+def _check_sampled_tokens(
+    sampled: torch.Tensor, label_tokens: torch.Tensor, name: str, row: int
+) -> None:
+    """The sampler's tokens of a row must be its label tokens: otherwise the logprobs belong
+    to another sequence, and the loss would compare the policy with the wrong tokens."""
+    differs = (sampled.to(label_tokens.device) != label_tokens).nonzero()
+    if len(differs):
+        at = int(differs[0])
+        raise ValueError(
+            f"{name}[{row}] holds the sampler's logprobs of other tokens than row {row}'s "
+            f"label tokens (label token {at} is {int(label_tokens[at])}, the sampler's is "
+            f"{int(sampled[at])}): pass each sequence's logprobs with its own "
+            f"new_input_feature, in the same order"
+        )
 
 
 def per_sequence_or_token(

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from twinkle.data_format import sampled_input_features
 from twinkle.infra import remote_function
 from twinkle.loss import build_loss
 from twinkle.metric import MetricCollection, build_metric, build_train_metrics
@@ -111,9 +112,11 @@ class TrainUnitsMixin:
     # ---- inputs: the backend's _pad_token_id ----------------------------------------------
 
     def _batch_of(self, inputs: Any, state: TrainState) -> dict[str, Any]:
-        """InputFeatures, Trajectories (encoded by the unit's template) or an already collated
-        batch, as one batch of the unit's processor (right padding by default); not yet on
-        the device."""
+        """InputFeatures, Trajectories (encoded by the unit's template), a sampler's result
+        (its sequences' ``new_input_feature``s) or an already collated batch, as one batch of
+        the unit's processor (right padding by default); not yet on the device."""
+        sampled = sampled_input_features(inputs)
+        inputs = inputs if sampled is None else sampled
         if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
             batch = dict(inputs)
         else:

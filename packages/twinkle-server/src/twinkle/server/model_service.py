@@ -19,12 +19,20 @@ from typing import Any
 
 from peft import LoraConfig
 
+from twinkle.infra import RemoteError
 from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
 from twinkle.processor import InputProcessor
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
-from twinkle.server.errors import BadRequest, CapacityFull, Conflict, NotFound, RateLimited
+from twinkle.server.errors import (
+    ApiError,
+    BadRequest,
+    CapacityFull,
+    Conflict,
+    NotFound,
+    RateLimited,
+)
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
@@ -209,11 +217,21 @@ class ModelService:
         return live
 
     def call(self, principal: Principal, live: LiveRun, method: str, args: dict[str, Any]) -> Any:
-        """Runs on the worker: one allow-listed method of the model for this run."""
+        """Runs on the worker: one allow-listed method of the model for this run. What the
+        model refuses in the request (a ValueError or TypeError: an ``old_logps`` row of the
+        wrong length, a loss without its inputs) is answered as a 400 with its message."""
         handler = self.methods.get(method)
         if handler is None:
             raise NotFound(f"unknown model method {method!r}")
-        return self.run_for(live, lambda: handler(principal, live, **args))
+        try:
+            return self.run_for(live, lambda: handler(principal, live, **args))
+        except ApiError:
+            raise
+        except Exception as exc:
+            mistake = request_mistake(exc)
+            if mistake is None:
+                raise
+            raise BadRequest(f"{method}: {mistake}") from None
 
     def run_for(self, live: LiveRun, fn: Callable[[], Any]) -> Any:
         """Runs on the worker: ``fn`` for a run still holding its slot (the Tinker routes'
@@ -378,6 +396,15 @@ class ModelService:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+def request_mistake(exc: BaseException) -> BaseException | None:
+    """The ValueError or TypeError by which the model refused a request's values, raised in
+    this process or on a Ray worker (the cause of its RemoteError, whose own message carries
+    the worker's traceback and stays in the server's log); None for any other failure."""
+    if isinstance(exc, RemoteError):
+        exc = exc.__cause__
+    return exc if isinstance(exc, ValueError | TypeError) else None
 
 
 def group_size(config: ServerConfig, name: str) -> int:

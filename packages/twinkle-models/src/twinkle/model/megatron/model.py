@@ -45,6 +45,7 @@ from twinkle.infra import get_global_device_mesh, remote_class, remote_function
 from twinkle.mesh import DeviceMesh
 from twinkle.model.base import TwinkleModel
 from twinkle.model.components import TrainUnitsMixin
+from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.megatron._require import require_megatron
 from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
 from twinkle.model.megatron.cpu_mode import runs_in_cpu_mode
@@ -330,6 +331,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         if state.window_start is None:
             state.window_start = time.perf_counter()
         batch, loss_kwargs, restore = self._collate(inputs, state, loss_kwargs)
+        loss_kwargs = align_loss_inputs(batch, loss_kwargs)
         micro = self._micro_batches(batch, loss_kwargs, micro_batch_size)
         loss_sum, tokens, logps = self._run(state, micro, forward_only=False)
         if tokens <= 0:

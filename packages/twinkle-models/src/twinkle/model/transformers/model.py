@@ -35,6 +35,7 @@ from twinkle.metric import MetricCollection
 from twinkle.model.base import TwinkleModel
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
+from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
@@ -517,6 +518,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 )
             return self._embedding_pass(inputs, state, state.metrics, backward=True, **loss_kwargs)
         batch = self._collate(inputs, state)
+        loss_kwargs = align_loss_inputs(batch, loss_kwargs)
         loss_sum, tokens, logps = 0.0, 0.0, []
         micro_batches = self._micro_batches(batch, loss_kwargs, micro_batch_size)
         for index, (micro, micro_kwargs) in enumerate(micro_batches):
