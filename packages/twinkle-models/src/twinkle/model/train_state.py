@@ -29,7 +29,7 @@ class TrainState:
     processor: Any = None
     metrics: Any = None  # MetricCollection fed by forward_backward and each optimizer step
     eval_metrics: Any = None  # MetricCollection fed by forward_only
-    pending_forward: tuple | None = None  # (batch, outputs) of forward(), for calculate_loss()
+    pending_forward: tuple | None = None  # (batch, outputs) of forward()/forward_only()
     pending_loss: tuple | None = (
         None  # (summed loss, normaliser) of calculate_loss(), for backward()
     )

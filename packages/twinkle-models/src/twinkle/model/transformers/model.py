@@ -575,10 +575,14 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
 
     @remote_function(dispatch="all", collect="mean")
     def calculate_loss(self, *, adapter_name: str | None = None, **loss_kwargs: Any) -> float:
-        """The loss of the last ``forward`` (its mean over the normaliser), kept for backward."""
+        """The loss of the last ``forward`` or ``forward_only`` (its mean over the
+        normaliser), kept for backward (after ``forward`` only)."""
         state = self._state(adapter_name)
         if state.pending_forward is None:
-            raise ValueError("calculate_loss needs outputs: call forward(inputs) first")
+            raise ValueError(
+                "calculate_loss needs outputs: call forward(inputs) (or forward_only(inputs) "
+                "to evaluate) first"
+            )
         batch, outputs = state.pending_forward
         loss, num_tokens = self._loss(batch, outputs, state, **loss_kwargs)
         state.pending_loss = (loss, num_tokens)
@@ -591,6 +595,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         if state.pending_loss is None:
             raise ValueError("backward needs a loss: call forward(inputs), then calculate_loss()")
         (batch, outputs), (loss, num_tokens) = state.pending_forward, state.pending_loss
+        if not loss.requires_grad:
+            raise ValueError(
+                "backward after forward_only: forward_only keeps no gradients; to train, call "
+                "forward(inputs), then calculate_loss() and backward()"
+            )
         self._backward(state, batch, outputs, loss, num_tokens)
         state.pending_forward = state.pending_loss = None
 
@@ -605,12 +614,15 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         **loss_kwargs: Any,
     ) -> ModelOutput:
         """Forward without gradients; with labels, the loss, fed to the evaluation metrics.
-        ``task='embedding'`` returns the pooled ``embeddings`` (and the loss when the batch
-        carries group labels)."""
+        ``calculate_loss()`` after it returns that loss again (the documents' evaluation loop:
+        forward_only, calculate_loss, calculate_metric(is_training=False)), touching neither
+        gradients nor the training metrics. ``task='embedding'`` returns the pooled
+        ``embeddings`` (and the loss when the batch carries group labels)."""
         state = self._state(adapter_name)
         self._activate(state)
         self.model.eval()
         eval_metrics = state.eval_metrics
+        state.pending_forward = state.pending_loss = None
         if self._check_task(task) == "embedding":
             return self._embedding_pass(inputs, state, eval_metrics, backward=False, **loss_kwargs)
         batch = self._collate(inputs, state)
@@ -625,6 +637,8 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 eval_metrics.accumulate(
                     batch, outputs, loss=loss_sum, num_tokens=tokens, input_tokens=real_tokens
                 )
+            # Kept for calculate_loss, without the full-vocabulary logits (the loss reads logps).
+            state.pending_forward = (batch, {k: v for k, v in outputs.items() if k != "logits"})
         return ModelOutput(loss=loss, logps=outputs.get("logps", torch.empty(0)).cpu())
 
     # ---- optimizer steps ------------------------------------------------------------------
