@@ -20,11 +20,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import ApiError
 from twinkle.server.limits import BodyLimit
+from twinkle.server.sessions import REAP_INTERVAL_S
 from twinkle.server.state import ServerState, build_state, load_services
 from twinkle.utils import get_logger
 
 logger = get_logger()
-REAP_INTERVAL_S = 5.0
 
 
 def _json_error(status: int, body: dict[str, str]) -> JSONResponse:

@@ -81,6 +81,11 @@ class Limits(_Strict):
     request_timeout_s: float = Field(default=600.0, gt=0)
     requests_per_minute: int = Field(default=6000, ge=1)
     session_ttl_s: float = Field(default=120.0, gt=0)
+    """Silence after which a session is released when its client never said how often it
+    beats; the most any session may stay silent."""
+    session_heartbeat_grace_s: float = Field(default=20.0, ge=0)
+    """How long past a missed heartbeat a session that declared its period (every Tinker
+    SDK session: 10 s) is kept: its LoRA slots free this soon after its script ends."""
     max_batch_rows: int = Field(default=256, ge=1)
     max_sequence_tokens: int = Field(default=32768, ge=1)
     max_datasets_per_key: int = Field(default=8, ge=1)

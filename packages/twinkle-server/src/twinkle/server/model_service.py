@@ -63,9 +63,17 @@ class LiveRun:
 class ModelService:
     """Owns the shared base model, its worker and the runs that hold LoRA slots."""
 
-    def __init__(self, config: ServerConfig, store: Store, home: Path) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        store: Store,
+        home: Path,
+        when_a_slot_frees: Callable[[list[tuple[str, str]]], str] | None = None,
+    ) -> None:
         self.config = config
         self.store = store
+        # Told to a caller refused a slot, from the (owner, session) of every slot's run.
+        self.when_a_slot_frees = when_a_slot_frees or (lambda holders: "try again later")
         self.checkpoints = home / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         mc = config.model
@@ -158,8 +166,10 @@ class ModelService:
         """Runs on the worker: take a slot (its LoRA weights drawn from ``seed`` when given),
         then record the run."""
         if len(self.live) >= self.config.model.max_loras:
+            holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
             raise CapacityFull(
-                f"all {self.config.model.max_loras} LoRA slots are in use; try again later"
+                f"all {self.config.model.max_loras} LoRA slots are in use; "
+                + self.when_a_slot_frees(holders)
             )
         per_key = self.config.limits.max_loras_per_key
         held = sum(1 for live in self.live.values() if live.run.owner == principal.key_id)

@@ -49,8 +49,9 @@ class ServerState:
         request records older than a day."""
         self.store.prune_futures(time.time() - FUTURES_KEPT_S)
         for session in self.sessions.expired():
-            logger.info(f"session {session.id} expired: releasing its LoRA slots")
-            self.store.close_session(session.id, time.time())
+            silent = time.time() - session.last_heartbeat
+            logger.info(f"session {session.id} silent for {silent:.0f} s: releasing its LoRA slots")
+            self.sessions.close(session.id)
             self.release_session_runs(session.id)
 
     def release_session_runs(self, session_id: str) -> None:
@@ -76,7 +77,9 @@ def build_state(config: ServerConfig, load_components: bool = True) -> ServerSta
         store=store,
         home=home,
         futures=FutureManager(store),
-        sessions=SessionManager(store, config.limits.session_ttl_s),
+        sessions=SessionManager(
+            store, config.limits.session_ttl_s, config.limits.session_heartbeat_grace_s
+        ),
         rate_limiter=RateLimiter(config.limits.requests_per_minute),
     )
     from twinkle.server.tinker.state import build_tinker_state
@@ -96,7 +99,9 @@ def load_services(state: ServerState) -> None:
     config = state.config
     if config.mode == "ray":
         start_ray(config)
-    state.model = ModelService(config, state.store, state.home)
+    state.model = ModelService(
+        config, state.store, state.home, when_a_slot_frees=state.sessions.when_a_slot_frees
+    )
     if config.sampler.enabled:
         state.sampler = SamplerService(config, state.model)
     if config.processor_enabled:

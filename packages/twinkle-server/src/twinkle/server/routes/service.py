@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from twinkle.server.routes.common import caller, field, json_body, ready, state_of
+from twinkle.server.sessions import declared_heartbeat
 
 router = APIRouter()
 
@@ -62,7 +63,8 @@ async def create_session(request: Request) -> dict:
     principal = caller(request)
     body = await json_body(request)
     metadata = field(body, "user_metadata", dict, {})
-    session = state_of(request).sessions.create(principal, metadata)
+    period = declared_heartbeat(body)
+    session = state_of(request).sessions.create(principal, metadata, period)
     return {"session_id": session.id, "user_metadata": session.metadata}
 
 
@@ -76,12 +78,10 @@ async def heartbeat(request: Request) -> dict:
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, request: Request) -> dict:
-    import time
-
     principal = caller(request)
     state = state_of(request)
     state.sessions.get_open(principal, session_id)
-    state.store.close_session(session_id, time.time())
+    state.sessions.close(session_id)
     state.release_session_runs(session_id)
     return {}
 
