@@ -46,14 +46,63 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--model-id", default="bundled://tiny-qwen3")
-    parser.add_argument("--dataset-id", default="bundled://self-cognition")
-    parser.add_argument("--epochs", type=positive_int, default=30)
-    parser.add_argument("--max-steps", type=positive_int, help="stop early, for quick runs")
-    parser.add_argument("--output-dir", default="output/quickstart")
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The examples as written, and every flag's default where it has a fixed one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:  # the help says what None means for that flag
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n", 1)[0],
+        epilog="examples:\n" + __doc__.split("\n\n", 2)[1],
+        formatter_class=HelpFormatter,
+    )
+    flag = parser.add_argument
+    flag("--model-id", default="bundled://tiny-qwen3", help="model: a hub id or a local folder")
+    flag("--dataset-id", default="bundled://self-cognition", help="self-cognition rows to learn")
+    flag("--epochs", type=positive_int, default=30, help="passes over the dataset")
+    flag("--batch-size", type=positive_int, default=8, help="rows per optimizer step")
+    flag(
+        "--lr",
+        type=positive_float,
+        default=None,
+        help="peak learning rate (default: 1e-2 for a bundled from-scratch model, 1e-4 for LoRA)",
+    )
+    flag(
+        "--lora-rank",
+        type=positive_int,
+        default=None,
+        help="LoRA rank (default: 8 for a pretrained model; the bundled model trains in full "
+        "unless this is given)",
+    )
+    flag("--max-steps", type=positive_int, help="stop after this many steps, for quick runs")
+    flag("--output-dir", default="output/quickstart", help="where the checkpoint is saved")
+    flag("--version", action="version", version=f"%(prog)s {_version()}")
     return parser.parse_args(argv)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("twinkle-models")
+    except PackageNotFoundError:  # a source tree run without installing
+        return "unknown (twinkle-models not installed)"
 
 
 @torch.no_grad()
@@ -81,8 +130,8 @@ def answer(model: TransformersModel, template, question: str, max_new_tokens: in
     return reply.split("</think>")[-1].strip()
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    args = parse_args(argv, prog)
     started = time.perf_counter()
 
     dataset = Dataset(dataset_meta=DatasetMeta(args.dataset_id))
@@ -90,14 +139,16 @@ def main(argv: list[str] | None = None) -> None:
     dataset.map(SelfCognitionProcessor(NAME, AUTHOR))
     dataset.encode()
     # shuffle: with many epochs over 100 rows, a fixed order would be learned as well
-    dataloader = DataLoader(dataset=dataset, batch_size=8, shuffle=True)
+    dataloader = DataLoader(dataset=dataset, batch_size=args.batch_size, shuffle=True)
     model = TransformersModel(model_id=args.model_id)
 
     from_scratch = args.model_id.startswith("bundled://")  # recipes without weights: see above
-    if not from_scratch:
-        lora_config = LoraConfig(r=8, lora_alpha=32, target_modules="all-linear")
+    lora_rank = args.lora_rank if args.lora_rank or from_scratch else 8
+    if lora_rank:
+        lora_config = LoraConfig(r=lora_rank, lora_alpha=4 * lora_rank, target_modules="all-linear")
         model.add_adapter_to_model("default", lora_config)
-    model.set_optimizer(optimizer_cls="AdamW", lr=1e-2 if from_scratch else 1e-4)
+    lr = args.lr or (1e-2 if from_scratch and not lora_rank else 1e-4)
+    model.set_optimizer(optimizer_cls="AdamW", lr=lr)
     total_steps = args.epochs * len(dataloader)
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)

@@ -58,3 +58,32 @@ def test_keys_create_list_revoke(tmp_path, capsys):
 def test_missing_config_file_is_a_clear_error(tmp_path, capsys):
     assert main(["check-config", "-c", str(tmp_path / "absent.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _every_action(parser):
+    """Every option of a parser and of its subcommands, with the parser that owns it."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _every_action(sub)
+        else:
+            yield parser.prog, action
+
+
+def test_help_describes_every_flag_and_version_prints_the_distribution_version(capsys):
+    from importlib.metadata import version
+
+    from twinkle.server.cli import parser
+
+    undocumented = [f"{prog} {a.dest}" for prog, a in _every_action(parser()) if not a.help]
+    assert undocumented == []
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: twinkle-server") and "``" not in out  # no raw markup
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"twinkle-server {version('twinkle-server')}"

@@ -33,10 +33,9 @@ def job_path() -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the main job as ``python cookbook/quickstart.py`` would, with ``argv`` as its flags."""
-    path = job_path()
-    # run_path sets sys.argv[0] to the script while it runs; the flags follow it
-    sys.argv = [str(path), *(sys.argv[1:] if argv is None else argv)]
-    runpy.run_path(str(path), run_name="__main__")
+    # Not run as __main__: the job's own entry guard stays quiet and main gets this prog name.
+    job = runpy.run_path(str(job_path()), run_name="twinkle_main_job")
+    job["main"](sys.argv[1:] if argv is None else argv, prog="twinkle")
 
 
 if __name__ == "__main__":

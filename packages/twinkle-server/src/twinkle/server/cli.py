@@ -14,6 +14,12 @@ from twinkle.server.config import (
     load_config,
 )
 
+DESCRIPTION = """\
+The Twinkle training service: one base model, many tenants' LoRA adapters, the Twinkle and
+Tinker APIs over HTTP, state in SQLite. Start it with `twinkle-server launch -c config.yaml`;
+manage API keys with `twinkle-server keys ...`. Without -c, the bundled CPU config serves the
+tiny bundled model on 127.0.0.1."""
+
 
 def _config(args: argparse.Namespace) -> ServerConfig:
     return load_config(
@@ -83,41 +89,49 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="twinkle-server", description=__doc__)
-    sub = top.add_subparsers(dest="command", required=True)
+    top = argparse.ArgumentParser(
+        prog="twinkle-server",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, func, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+    def command(parent, name: str, func, help: str) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help, description=help)
         p.add_argument(
             "-c",
             "--config",
             default=None,
-            help=f"YAML config (default: the bundled {BUNDLED_CONFIG.name})",
+            help=f"YAML config file (default: the bundled {BUNDLED_CONFIG.name})",
         )
         p.set_defaults(func=func)
         return p
 
     launch = command(
-        "launch", cmd_launch, "serve (mode: embedded or ray on uvicorn, http on Ray Serve)"
+        sub, "launch", cmd_launch, "serve (mode: embedded or ray on uvicorn, http on Ray Serve)"
     )
-    launch.add_argument("--host", default=None)
-    launch.add_argument("--port", type=int, default=None)
-    command("check-config", cmd_check, "validate a config file")
-    command("print-config", cmd_print, "print the effective config")
-    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(dest="keys", required=True)
-    for name, func, help in (
-        ("create", cmd_keys_create, "issue a key"),
-        ("list", cmd_keys_list, "list keys"),
-        ("revoke", cmd_keys_revoke, "revoke a key"),
-    ):
-        p = keys.add_parser(name, help=help)
-        p.add_argument("-c", "--config", default=None)
-        p.set_defaults(func=func)
-        if name == "create":
-            p.add_argument("--name", required=True)
-        if name == "revoke":
-            p.add_argument("key", help="key id or name")
+    launch.add_argument("--host", default=None, help="address to bind (default: the config's)")
+    launch.add_argument("--port", type=int, default=None, help="port (default: the config's)")
+    command(sub, "check-config", cmd_check, "validate a config file and its allow-lists")
+    command(sub, "print-config", cmd_print, "print the effective config, defaults filled in")
+    keys_parser = sub.add_parser("keys", help="manage API keys", description="manage API keys")
+    keys = keys_parser.add_subparsers(dest="keys", required=True, metavar="ACTION")
+    create = command(keys, "create", cmd_keys_create, "issue a key (printed once)")
+    create.add_argument("--name", required=True, help="a label for the key's owner")
+    command(keys, "list", cmd_keys_list, "list keys: id, name, status, creation time")
+    revoke = command(keys, "revoke", cmd_keys_revoke, "revoke a key")
+    revoke.add_argument("key", help="key id or name")
     return top
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("twinkle-server")
+    except PackageNotFoundError:  # a source tree run without installing
+        return "unknown (twinkle-server not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
