@@ -1,0 +1,29 @@
+"""MegatronModel (the Ray GRPO sample's model) takes the documents' ``old_logps`` shapes:
+per-row floats and the sampler's ``(token_id, logprob)`` lists give the (B, T) tensor's loss
+in micro-batches, and a short row is named as the caller's row (scripts/megatron_rl_inputs.py,
+one CPU process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def test_old_logps_in_the_documents_shapes_on_megatron(tmp_path, child_env):
+    command = [sys.executable, str(SCRIPTS / "megatron_rl_inputs.py"), str(tmp_path)]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    result = json.loads((tmp_path / "rl_inputs.json").read_text())
+    losses = result["losses"]
+    # The same float32 old logps placed at the same positions: the same loss, bit for bit.
+    assert losses["floats"] == losses["tensor"] and losses["pairs"] == losses["tensor"]
+    # The old logps are the model's own (forward_only on the whole batch, the training pass in
+    # micro-batches of 2: float32 sums over other padded shapes), so every ratio is 1.
+    assert result["logp_mismatch"] < 1e-4
+    n = result["row_lengths"][3]
+    expected = f"old_logps[3] has {n - 1} values but row 3 of the batch has {n} label tokens"
+    assert result["short_row_error"] is not None and expected in result["short_row_error"]
