@@ -23,7 +23,7 @@ TEST_EXTRAS = {
     "data": ["modelscope"],
     "models": ["ray", "megatron"],
     "rl": ["ray"],
-    "kit": ["client"],
+    "kit": ["client", "megatron"],
 }
 # The uv that came with nox, so sessions work where pip's scripts folder is not on PATH.
 UV = (sys.executable, "-m", "uv")
