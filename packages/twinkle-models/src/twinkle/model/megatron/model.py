@@ -25,6 +25,10 @@ by ep and etp.
 Context parallel runs in our own attention (``context_parallel``): each cp rank runs the
 model on its chunks of the sequence and the loss sees the whole sequence.
 
+Devices (``device``, else the mesh's device type; see ``device``): a CUDA GPU; an Ascend NPU with
+MindSpeed; the CPU on gloo, a debug device for checking a layout with a small model
+(``cpu_mode``), chosen when no GPU is visible.
+
 Not supported (each an error that says so): several adapters, left padding and Ulysses
 sequence parallel.
 megatron-core is imported when a MegatronModel is built, never when this module is.
