@@ -17,6 +17,7 @@ import pytest
 import tinker
 from tinker import types
 
+import twinkle
 from twinkle.server.common import input_feature_to_datum
 
 TIMEOUT_S = 180
@@ -122,11 +123,14 @@ def test_save_path_and_resume_from_state(service, sl_run):
             np.testing.assert_allclose(a["logprobs"].tolist(), b["logprobs"].tolist(), atol=1e-5)
 
 
-def test_rest_client_lists_the_run_and_its_checkpoint(tinker_server, service, sl_run):
+def _rest(tinker_server, service):
     if hasattr(tinker, "RestClient"):  # 0.38: standalone; 0.16.1: only from a ServiceClient
-        rest = tinker.RestClient(base_url=tinker_server.base_url, api_key=tinker_server.key_b)
-    else:
-        rest = service.create_rest_client()
+        return tinker.RestClient(base_url=tinker_server.base_url, api_key=tinker_server.key_b)
+    return service.create_rest_client()
+
+
+def test_rest_client_lists_the_run_and_its_checkpoint(tinker_server, service, sl_run):
+    rest = _rest(tinker_server, service)
     run_id = sl_run["training"].model_id
     runs = rest.list_training_runs(limit=100).result(TIMEOUT_S).training_runs
     assert run_id in [r.training_run_id for r in runs]
@@ -179,3 +183,33 @@ def test_rl_step_sample_importance_sampling_ppo_and_sync(sl_run):
     trainer = training.forward(sl_run["data"][:1], "cross_entropy").result(TIMEOUT_S)
     trainer_logprobs = trainer.loss_fn_outputs[0]["logprobs"].tolist()[: len(prompt_tokens) - 1]
     np.testing.assert_allclose(prompt_logprobs[1:], trainer_logprobs, atol=LOGPROB_ATOL)
+
+
+def test_twinkle_paths_name_the_same_checkpoint_after_init_tinker_client(
+    tinker_server, service, sl_run
+):
+    """The SDK refuses twinkle:// on the client; init_tinker_client() makes each path-taking
+    call take it: the same weights (logprobs, samples) as through the tinker:// path."""
+    twinkle.init_tinker_client()
+    path = sl_run["path"]
+    twinkle_path = "twinkle://" + path[len("tinker://") :]
+    data = sl_run["data"][:1]
+    resumed = _ready(service.create_training_client_from_state(path))
+    expected = resumed.forward(data, "cross_entropy").result(TIMEOUT_S).loss_fn_outputs
+
+    from_twinkle = _ready(service.create_training_client_from_state(twinkle_path))
+    from_twinkle.load_state(twinkle_path).result(TIMEOUT_S)
+    got = from_twinkle.forward(data, "cross_entropy").result(TIMEOUT_S).loss_fn_outputs
+    np.testing.assert_allclose(got[0]["logprobs"].tolist(), expected[0]["logprobs"].tolist())
+
+    prompt = types.ModelInput.from_ints(data[0].model_input.to_ints()[:8])
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=5, stop=[])
+    samples = []
+    for model_path in (path, twinkle_path):
+        sampling = _ready(service.create_sampling_client(model_path=model_path))
+        result = sampling.sample(prompt, num_samples=1, sampling_params=params).result(TIMEOUT_S)
+        samples.append(list(result.sequences[0].tokens))
+    assert samples[0] == samples[1] and len(samples[0]) == 4
+
+    info = _rest(tinker_server, service).get_weights_info_by_tinker_path(twinkle_path)
+    assert info.result(TIMEOUT_S).lora_rank == 4
