@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from twinkle.server.errors import BadRequest
 from twinkle.server.routes.common import caller, field, idempotency_key, json_body, ready, state_of
 from twinkle.server.state import ServerState
+from twinkle.server.tinker.base_model import check_base_model
 from twinkle.server.tinker.sample_request import Limits, parse_asample, tinker_result
 from twinkle.server.tinker.sampling_sessions import SamplingSessions
 
@@ -36,9 +37,7 @@ def _sampler(state: ServerState) -> Any:
 
 
 def _check_base_model(state: ServerState, base_model: str | None) -> None:
-    served = state.model.base_model
-    if base_model is not None and base_model != served:
-        raise BadRequest(f"this server samples {served!r}, not {base_model!r}")
+    check_base_model(state.model.base_model, base_model, "samples")
 
 
 def _checkpoint_folder(state: ServerState, principal: Any, model_path: str) -> str:

@@ -13,11 +13,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from peft import LoraConfig
 
-from twinkle.hub.ids import HubId, parse_id
 from twinkle.server.errors import BadRequest, Conflict, NotFound
 from twinkle.server.names import CheckpointUri, check_name, parse_uri
 from twinkle.server.routes.common import caller, field, json_body, ready, state_of
 from twinkle.server.tinker import model_ops
+from twinkle.server.tinker.base_model import check_base_model, served_repo_id
 from twinkle.server.tinker.batch import build_batch
 from twinkle.server.tinker.submit import checked, seq_of, submit_ordered, submit_unordered
 
@@ -29,12 +29,8 @@ def tinker_path(uri: CheckpointUri) -> str:
     return f"{TINKER_SCHEME}{uri.run_id}/{uri.kind}/{uri.name}"
 
 
-def _check_base_model(state: Any, base_model: Any) -> None:
-    served = state.model.base_model
-    if base_model is not None and base_model != served:
-        raise BadRequest(
-            f"this server trains {served!r}, not {base_model!r}; pass base_model={served!r}"
-        )
+def _check_base_model(state: Any, base_model: str | None) -> None:
+    check_base_model(state.model.base_model, base_model, "trains")
 
 
 def _check_optimizer(raw: Any) -> None:
@@ -318,10 +314,7 @@ def tokenizer_id(base_model: str, folder: str | None) -> str:
     """What the SDK passes to ``AutoTokenizer.from_pretrained`` on the client's machine: the
     repo id of a hub model (``ms://Qwen/Qwen3-4B`` -> ``Qwen/Qwen3-4B``, also on Hugging
     Face), else the server's local folder (bundled or local models: same-machine clients)."""
-    try:
-        parsed = parse_id(base_model)
-    except (ValueError, FileNotFoundError, TypeError):
-        parsed = None
-    if isinstance(parsed, HubId):
-        return parsed.repo_id
+    repo_id = served_repo_id(base_model)
+    if repo_id is not None:
+        return repo_id
     return folder if folder is not None else base_model
