@@ -170,7 +170,8 @@ def _row_values(values: Any, name: str, row: int) -> tuple[torch.Tensor, torch.T
             and isinstance(pair[0], Integral)
             and isinstance(pair[1], Real)
         ):
-            raise ValueError(f"{name}[{row}][{position}] is {entry!r}; {hint}")
+            shown = repr(entry) if len(repr(entry)) <= 80 else repr(entry)[:77] + "..."
+            raise ValueError(f"{name}[{row}][{position}] is {shown}; {hint}")
         tokens.append(int(pair[0]))
         logps.append(float(pair[1]))
     return torch.tensor(logps, dtype=torch.float64), torch.tensor(tokens, dtype=torch.long)
