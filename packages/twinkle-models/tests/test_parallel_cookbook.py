@@ -1,5 +1,6 @@
-"""The documents' torchrun example (cookbook/torchrun/sft_fsdp.py) runs under torchrun on two CPU
-processes, as FSDP2, and writes one gathered peft checkpoint folder."""
+"""The documents' torchrun examples run under torchrun on two CPU processes, as FSDP2:
+cookbook/torchrun/sft_fsdp.py writes one gathered peft checkpoint folder, and
+cookbook/transformers/fsdp2.py (the resume page's full example) saves and resumes."""
 
 import json
 import re
@@ -36,3 +37,31 @@ def test_the_documents_torchrun_example_trains_with_fsdp_on_two_processes(tmp_pa
     assert (checkpoint / "optimizer" / ".metadata").is_file()
     record = json.loads((checkpoint / "trainer_state.json").read_text())
     assert record["kind"] == "adapter" and record["optimizer_ranks"] == 2
+
+
+def logged_losses(stderr: str) -> list[str]:
+    """The training losses the script logged, as printed (full float repr), in step order."""
+    return re.findall(r"Current is step \d+ of \d+, metric: \{'loss': ([0-9.e-]+)", stderr)
+
+
+def test_the_fsdp2_example_evaluates_saves_and_resumes_where_it_stopped(tmp_path, torchrun):
+    """Six steps that evaluate at step 3 and keep that checkpoint (4 batches, 2 optimizer
+    steps), then a run resumed from it: its two steps see the same data and state as steps 4
+    and 5 of the first run, so they log the same losses. (Two runs from scratch would not
+    compare: the LoRA init draws from torch's unseeded generator.)"""
+    script = COOKBOOK / "transformers" / "fsdp2.py"
+    env = {"TWINKLE_LOG_EVERY": "1", "TWINKLE_MAX_STEPS": "6", "TWINKLE_EVAL_EVERY": "3"}
+    first = torchrun(script, env=env, cwd=tmp_path)
+    assert re.search(r"Eval metric: \{'loss': [0-9.]+", first.stderr), first.stderr[-3000:]
+    best = tmp_path / "output" / "fsdp2" / "checkpoint-3"
+    record = json.loads((best / "trainer_state.json").read_text())
+    assert record["consumed_train_samples"] == 32
+    assert (best / "optimizer" / ".metadata").is_file()
+    last = tmp_path / "output" / "fsdp2" / "last-checkpoint" / "trainer_state.json"
+    assert json.loads(last.read_text())["consumed_train_samples"] == 48
+    resume = {**env, "TWINKLE_MAX_STEPS": "2", "RESUME_FROM_CHECKPOINT": str(best)}
+    second = torchrun(script, env=resume, cwd=tmp_path)
+    assert "'consumed_train_samples': 32" in second.stderr, second.stderr[-3000:]
+    losses = logged_losses(first.stderr)
+    assert len(losses) == 6
+    assert logged_losses(second.stderr) == losses[4:6]
