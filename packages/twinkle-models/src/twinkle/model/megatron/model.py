@@ -48,6 +48,7 @@ from twinkle.data_format import ModelOutput
 from twinkle.infra import get_global_device_mesh, remote_class, remote_function
 from twinkle.mesh import DeviceMesh
 from twinkle.model.base import TwinkleModel
+from twinkle.model.batch_dispatch import slice_dp_rows
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.megatron._require import require_megatron
@@ -317,7 +318,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
 
         return run_schedule(self.chunks, micro, self.spec, state, forward_only)
 
-    @remote_function(dispatch="slice_dp", collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="first")
     def forward_backward(
         self,
         inputs: Any,
@@ -347,7 +348,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         state.pending_tokens += tokens
         return ModelOutput(loss=loss_sum / tokens, logps=logps, num_tokens=tokens)
 
-    @remote_function(dispatch="slice_dp", collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="first")
     @torch.no_grad()
     def forward_only(
         self, inputs: Any, *, adapter_name: str | None = None, **loss_kwargs: Any

@@ -33,6 +33,7 @@ from twinkle.loss import (
 from twinkle.mesh import DeviceMesh, Platform
 from twinkle.metric import MetricCollection
 from twinkle.model.base import TwinkleModel
+from twinkle.model.batch_dispatch import slice_dp_rows
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
 from twinkle.model.loss_inputs import align_loss_inputs
@@ -487,7 +488,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
             num_tokens=anchors,
         )
 
-    @remote_function(dispatch="slice_dp", collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="first")
     def forward_backward(
         self,
         inputs: Any,
@@ -558,7 +559,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
     # The three-call form of forward_backward, for loops that inspect outputs or the loss
     # before backward: forward(inputs); calculate_loss(**kw); backward().
 
-    @remote_function(dispatch="slice_dp", collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="first")
     def forward(self, inputs: Any, *, adapter_name: str | None = None) -> ModelOutput:
         """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
         state = self._state(adapter_name)
@@ -603,7 +604,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         self._backward(state, batch, outputs, loss, num_tokens)
         state.pending_forward = state.pending_loss = None
 
-    @remote_function(dispatch="slice_dp", collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="first")
     @torch.no_grad()
     def forward_only(
         self,
