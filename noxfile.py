@@ -7,7 +7,9 @@ exactly the versions a developer locked. ``nox`` runs the default sessions;
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import nox
@@ -33,6 +35,8 @@ UV = (sys.executable, "-m", "uv")
 BYTECODE_ENV = {"PYTHONDONTWRITEBYTECODE": ""}
 # Extras that install only on a GPU machine (vLLM pins its own torch; fla breaks CPU imports).
 GPU_ONLY_EXTRAS = ("--no-extra=vllm", "--no-extra=fla")
+# Each package session's test time, printed by the last default session (suite-times).
+SUITE_TIMES = ROOT / ".nox" / "suite-times.json"
 
 
 def uv_sync(session: nox.Session, *args: str) -> None:
@@ -50,14 +54,34 @@ def package_session(short: str):
         selection = ["--all-packages"] if short == "kit" else [f"--package=twinkle-{short}"]
         uv_sync(session, *selection, "--group=test", *extras)
         tests = ROOT / "packages" / f"twinkle-{short}" / "tests"
-        session.run("python", "-m", "pytest", str(tests), *session.posargs)
+        start = time.monotonic()
+        try:
+            session.run("python", "-m", "pytest", str(tests), *session.posargs)
+        finally:
+            _record_suite_time(short, time.monotonic() - start)
 
     run.__doc__ = f"Tests of twinkle-{short}, in a venv with only what it declares."
     return run
 
 
+def _record_suite_time(name: str, seconds: float) -> None:
+    times = json.loads(SUITE_TIMES.read_text()) if SUITE_TIMES.exists() else {}
+    times[name] = round(seconds, 1)
+    SUITE_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    SUITE_TIMES.write_text(json.dumps(times, indent=1))
+
+
 for _short in PACKAGES:
     nox.session(name=_short)(package_session(_short))
+
+
+@nox.session(default=False)
+def fast(session: nox.Session) -> None:
+    """The developer's loop: every package's tests that start no process, in one venv."""
+    extras = sorted({f"--extra={e}" for names in TEST_EXTRAS.values() for e in names})
+    uv_sync(session, "--all-packages", "--group=test", *extras)
+    tests = [str(ROOT / "packages" / f"twinkle-{short}" / "tests") for short in PACKAGES]
+    session.run("python", "-m", "pytest", *tests, "-m", "not processes", *session.posargs)
 
 
 @nox.session(name="tinker-legacy")
@@ -200,3 +224,26 @@ def bench_megatron(session: nox.Session) -> None:
 def bench_tinker(session: nox.Session) -> None:
     """Tinker SDK forward_backward + optim_step round trip against the Twinkle client's steps."""
     _run_benchmarks(session, "twinkle-kit", "bench_tinker.py", extras=("client",))
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, built with --strict: a broken link or API reference fails."""
+    # The API reference is read from the sources (mkdocs.yml's paths), so no package is installed.
+    uv_sync(session, "--only-group=docs")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # material's banner about its successor
+    site = Path(session.create_tmp()) / "site"
+    config = str(ROOT / "mkdocs.yml")
+    session.run("mkdocs", "build", "--strict", "--config-file", config, "--site-dir", str(site))
+
+
+@nox.session(name="suite-times", venv_backend="none")
+def suite_times(session: nox.Session) -> None:
+    """Print each package's test time of this run (the package sessions record them)."""
+    times = json.loads(SUITE_TIMES.read_text()) if SUITE_TIMES.exists() else {}
+    if not times:
+        session.error("no package session recorded a test time: run the package sessions first")
+    width = max(len(name) for name in times)
+    for name, seconds in times.items():
+        session.log(f"{name:<{width}}  {seconds:8.1f} s")
+    session.log(f"{'total':<{width}}  {sum(times.values()):8.1f} s")
