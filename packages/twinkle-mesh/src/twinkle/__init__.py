@@ -9,9 +9,8 @@ distribution's ``src`` folder is a separate entry of ``sys.path``.
 Importing ``twinkle`` stays cheap and never imports torch or ray.
 """
 
-from pkgutil import extend_path
-
-__path__ = extend_path(__path__, __name__)
+# Written in the form static readers (griffe, for the API reference) know as a pkgutil namespace.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
 
 __version__ = "0.1.0"
 
