@@ -89,6 +89,9 @@ def test_calculate_loss_after_forward_only_is_the_evaluated_loss(batches):
     assert all(p.grad is None for p in model.model.parameters())
     with pytest.raises(ValueError, match=r"backward after forward_only.*call forward\(inputs\)"):
         model.backward()
+    model.forward_backward(inputs=batch)  # a training forward: no evaluated loss is left over
+    with pytest.raises(ValueError, match=r"calculate_loss needs outputs"):
+        model.calculate_loss()
 
 
 def test_calculate_loss_without_a_forward_says_which_calls_come_first():

@@ -331,6 +331,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         count accumulate until a step. Returns the mean loss over this call's tokens and the
         per-token logps (aligned with the labels), the same on every rank."""
         state = self._state(adapter_name)
+        state.pending_loss = None  # calculate_loss reads the last forward_only alone
         for chunk in self.chunks:
             chunk.train()
         if state.window_start is None:
@@ -354,7 +355,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         self, inputs: Any, *, adapter_name: str | None = None, **loss_kwargs: Any
     ) -> ModelOutput:
         """Forward without gradients: per-token logps, and with labels the loss, which feeds
-        the evaluation metrics."""
+        the evaluation metrics and ``calculate_loss()``."""
         state = self._state(adapter_name)
         for chunk in self.chunks:
             chunk.eval()
@@ -363,7 +364,22 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         loss_sum, tokens, logps = self._run(state, micro, forward_only=True)
         logps = restore(logps) if logps.numel() else logps
         loss = loss_sum / tokens if tokens > 0 else None
+        state.pending_loss = (loss_sum, tokens) if tokens > 0 else None
         return ModelOutput(loss=loss, logps=logps)
+
+    @remote_function(dispatch="all", collect="first")
+    def calculate_loss(self, *, adapter_name: str | None = None) -> float:
+        """The loss of the last ``forward_only`` (its mean over the label tokens), as the
+        documents' evaluation loop reads it: forward_only, calculate_loss,
+        calculate_metric(is_training=False). Training runs whole in ``forward_backward``."""
+        state = self._state(adapter_name)
+        if state.pending_loss is None:
+            raise ValueError(
+                "calculate_loss needs outputs: call forward_only(inputs) on a batch with labels "
+                "first (MegatronModel's forward_backward returns its own loss)"
+            )
+        loss_sum, tokens = state.pending_loss
+        return loss_sum / tokens
 
     # ---- optimizer steps ----------------------------------------------------------------
 

@@ -507,6 +507,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         batch: smaller batches are a different loss, not a split of this one.
         """
         state = self._state(adapter_name)
+        state.pending_forward = state.pending_loss = None  # this forward is the last one
         self._activate(state)
         self._train_mode()
         if state.window_start is None:
