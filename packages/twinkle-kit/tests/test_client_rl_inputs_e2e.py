@@ -37,6 +37,7 @@ def client(server_process):
         {
             "model": {"model_id": MODEL_ID, "max_loras": 6, "device": "cpu"},
             "sampler": {"enabled": True, "kind": "torch"},
+            "limits": {"max_loras_per_key": 6},  # one key holds every test's adapters
         },
     )
     key = server.cli("keys", "create", "--name", "rl")
