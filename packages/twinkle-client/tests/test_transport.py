@@ -10,7 +10,9 @@ from twinkle_client.errors import (
     ConnectionFailed,
     NotFoundError,
     RateLimitError,
+    RequestLostError,
     ServerError,
+    SessionFinishedError,
     TwinkleClientError,
 )
 from twinkle_client.http import Transport
@@ -95,3 +97,20 @@ def test_the_client_reads_its_url_and_key_from_the_environment(monkeypatch):
     )
     assert client.base_url == "http://from-env:9" and client.session_id == "sess-1"
     client.close()
+
+
+def test_a_request_lost_to_a_server_restart_raises_at_once():
+    """The connection drops, the server restarts, the retry (same idempotency key) finds the
+    request lost: RequestLostError on that answer, with no further retries."""
+    lost = {"error": "the server restarted; submit it again", "category": "server", "code": "lost"}
+    transport, seen = scripted([httpx.ConnectError("restarting"), (410, lost), (200, {})])
+    with pytest.raises(RequestLostError, match="submit it again") as caught:
+        transport.request("POST", "/twinkle/model/forward_backward", {})
+    assert len(seen) == 2 and caught.value.status == 410 and caught.value.code == "lost"
+
+
+def test_a_finished_session_is_not_a_lost_request():
+    finished = {"error": "session finished", "category": "user", "code": "session_finished"}
+    transport, _ = scripted([(410, finished)])
+    with pytest.raises(SessionFinishedError):
+        transport.request("POST", "/session_heartbeat", {})

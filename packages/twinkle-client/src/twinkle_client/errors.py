@@ -66,6 +66,12 @@ class SessionFinishedError(TwinkleClientError):
     """410: the session ended (closed, or expired without heartbeats)."""
 
 
+class RequestLostError(TwinkleClientError):
+    """410 with code ``lost``/``gone``: the server no longer holds this request's result
+    (it restarted before the work finished, or dropped old results). Raised at once, never
+    retried: send the request again (the work did not complete, or its answer is gone)."""
+
+
 class ServerError(TwinkleClientError):
     """5xx: the server failed or is not ready (503 while it loads, or no LoRA slot free)."""
 
@@ -84,13 +90,19 @@ BY_STATUS: dict[int, type[TwinkleClientError]] = {
 }
 
 
+LOST_CODES = {"lost", "gone"}  # a request's result; other 410s are finished sessions
+
+
 def from_response(status: int, body: object) -> TwinkleClientError:
     info = body if isinstance(body, dict) else {}
     message = str(info.get("error") or f"HTTP {status}")
+    code = str(info.get("code", "unknown"))
     cls = BY_STATUS.get(status, ServerError if status >= 500 else TwinkleClientError)
+    if status == 410 and code in LOST_CODES:
+        cls = RequestLostError
     return cls(
         message,
         status=status,
         category=str(info.get("category", "unknown")),
-        code=str(info.get("code", "unknown")),
+        code=code,
     )

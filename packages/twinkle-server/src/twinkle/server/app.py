@@ -8,9 +8,11 @@ answers 503 while the model loads and ``{"status": "ok"}`` once it is ready.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +27,15 @@ from twinkle.server.state import ServerState, build_state, load_services
 from twinkle.utils import get_logger
 
 logger = get_logger()
+
+
+class ResultJSONResponse(JSONResponse):
+    """The routes' JSON, NaN and infinities written as Python's ``json`` reads them (the
+    Twinkle client's decoder): a loss that diverged is an answer, not a failed route.
+    Tinker's retrieve_future spells them as strings instead (``tinker.results``)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _json_error(status: int, body: dict[str, str]) -> JSONResponse:
@@ -75,7 +86,13 @@ def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
         finally:
             reaper.cancel()
 
-    app = FastAPI(title="twinkle-server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="twinkle-server",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=ResultJSONResponse,
+    )
     app.state.twinkle = state
     install_error_handlers(app, state)
     for module in (service, runs, models, data, tinker):

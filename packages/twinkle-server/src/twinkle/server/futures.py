@@ -34,9 +34,29 @@ RESTART_ERROR = {
 
 
 class Gone(ApiError):
-    """A future whose result the server no longer holds (Tinker clients resubmit on 410)."""
+    """A future whose result the server no longer holds. 410 is final for the Tinker SDK's
+    poll (a training future fails at once; a sample is resubmitted whole) and for the
+    Twinkle client, where a 5xx would be retried until the client's own timeout."""
 
     status, category, code = 410, "server", "gone"
+
+
+class Lost(Gone):
+    """A future that was pending when the server stopped: its work never finished."""
+
+    code = "lost"
+
+
+class RecordedFailure(ApiError):
+    """A failed future whose error is known only from the store (its result was dropped):
+    the original status category and message, a 4xx for a user's mistake. Tinker's poll
+    answers its body with 200 like any failure (``RequestFailedError``, final)."""
+
+    def __init__(self, body: dict[str, str]) -> None:
+        super().__init__(body.get("error", "the request failed"))
+        self.category = body.get("category", "server")
+        self.code = body.get("code", "internal")
+        self.status = 400 if self.category == "user" else 500
 
 
 class FutureManager:
@@ -150,7 +170,9 @@ class FutureManager:
         future = self._live.get(future_id)
         if future is None:
             if record.status == "failed" and record.error:
-                raise _from_body(record.error)
+                if record.error.get("code") == RESTART_ERROR["code"]:
+                    raise Lost(record.error.get("error", RESTART_ERROR["error"]))
+                raise RecordedFailure(record.error)
             raise lost(
                 f"the result of request {future_id!r} is no longer held (the server restarted "
                 "or dropped old results); submit the request again"
@@ -197,9 +219,3 @@ def _error_body(exc: BaseException) -> dict[str, str]:
     if isinstance(exc, ValueError | TypeError | KeyError):
         return {"error": str(exc), "category": "user", "code": "invalid_request"}
     return ServerFailure("the request failed on the server").body()
-
-
-def _from_body(body: dict[str, str]) -> ApiError:
-    error = ServerFailure(body.get("error", "failed"))
-    error.category, error.code = body.get("category", "server"), body.get("code", "internal")
-    return error

@@ -22,7 +22,8 @@ from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
 from twinkle.sampler.base import BASE_MODEL
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
-from twinkle.server.errors import BadRequest, NotFound, PayloadTooLarge
+from twinkle.server.errors import BadRequest, NotFound
+from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
 from twinkle.utils import get_logger
@@ -83,15 +84,11 @@ class SamplerService:
             isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
         ):
             raise BadRequest("num_samples must be a positive int")
+        check_sampling_values(raw, self.config.sampler.max_tokens, self.vocab_size())
         try:
             params = SamplingParams.model_validate({"max_tokens": 64, **raw})
         except ValueError as exc:
             raise BadRequest(f"invalid sampling_params: {exc}") from None
-        if params.max_tokens > self.config.sampler.max_tokens:
-            raise PayloadTooLarge(
-                f"max_tokens {params.max_tokens} exceeds this server's limit, "
-                f"{self.config.sampler.max_tokens}"
-            )
         folder = None
         if body.get("adapter_uri") is not None:
             folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path

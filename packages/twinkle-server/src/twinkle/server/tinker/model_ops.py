@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from peft import LoraConfig
 
+from twinkle.server.checks import INT64_MAX, integer, number
 from twinkle.server.errors import BadRequest
 from twinkle.server.names import CheckpointUri
 from twinkle.server.tinker.batch import per_datum_logprobs
@@ -36,10 +37,20 @@ ADAM_DEFAULTS = {
     "weight_decay": 0.0,
     "grad_clip_norm": 0.0,
 }
+# eps > 0: with eps 0 a parameter whose gradient is zero steps by 0/0 = NaN.
+ADAM_BOUNDS: dict[str, dict[str, Any]] = {
+    "learning_rate": {"low": 0, "low_open": True},
+    "beta1": {"low": 0, "high": 1, "high_open": True},
+    "beta2": {"low": 0, "high": 1, "high_open": True},
+    "eps": {"low": 0, "low_open": True},
+    "weight_decay": {"low": 0},
+    "grad_clip_norm": {"low": 0},
+}
 KEEP_EPHEMERAL = 8
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
 UNEMBED = ["lm_head"]
+LORA_KEYS = {"rank", "seed", "train_attn", "train_mlp", "train_unembed"}
 
 
 def tinker_lora_config(raw: Any, max_rank: int) -> tuple[LoraConfig, int | None]:
@@ -49,9 +60,10 @@ def tinker_lora_config(raw: Any, max_rank: int) -> tuple[LoraConfig, int | None]
         raw = {}
     if not isinstance(raw, dict):
         raise BadRequest("lora_config must be an object")
-    rank = raw.get("rank", 32)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= max_rank:
-        raise BadRequest(f"lora_config.rank must be an int in 1..{max_rank}, got {rank!r}")
+    unknown = set(raw) - LORA_KEYS
+    if unknown:  # lora_alpha, dropout...: Tinker does not take them, so none is ignored
+        raise BadRequest(f"lora_config keys {sorted(unknown)} are unknown; use {sorted(LORA_KEYS)}")
+    rank = integer(raw.get("rank", 32), "lora_config.rank", 1, max_rank)
     targets: list[str] = []
     flags = (("train_attn", ATTENTION), ("train_mlp", MLP), ("train_unembed", UNEMBED))
     for flag, modules in flags:
@@ -63,8 +75,8 @@ def tinker_lora_config(raw: Any, max_rank: int) -> tuple[LoraConfig, int | None]
     if not targets:
         raise BadRequest("lora_config trains nothing: set train_attn, train_mlp or train_unembed")
     seed = raw.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"lora_config.seed must be an int, got {seed!r}")
+    if seed is not None:
+        integer(seed, "lora_config.seed", 0, INT64_MAX)
     return LoraConfig(r=rank, lora_alpha=32, target_modules=targets), seed
 
 
@@ -78,12 +90,10 @@ def adam_params(raw: Any) -> dict[str, float]:
             f"adam_params keys {sorted(unknown)} are unknown; use {list(ADAM_DEFAULTS)}"
         )
     params = {**ADAM_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
-    for key, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise BadRequest(f"adam_params.{key} must be a number >= 0, got {value!r}")
-    if params["learning_rate"] <= 0:
-        raise BadRequest("adam_params.learning_rate must be > 0")
-    return {k: float(v) for k, v in params.items()}
+    return {
+        key: number(params[key], f"adam_params.{key}", **bounds)
+        for key, bounds in ADAM_BOUNDS.items()
+    }
 
 
 def prepare_run(service: Any, adapter: str) -> None:

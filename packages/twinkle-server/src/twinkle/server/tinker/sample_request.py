@@ -19,6 +19,7 @@ from typing import Any
 
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.server.errors import BadRequest, PayloadTooLarge, ServerFailure
+from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.tinker.codec import tokens_from_json
 from twinkle.server.tinker.results import ProtoResult
 from twinkle.server.tinker.sample_codec import PromptScores, TinkerSequence, encode_sample_response
@@ -76,12 +77,9 @@ def _params(raw: Any, num_samples: int, want_prompt: int | None, top: int, limit
     unknown = set(raw) - PARAM_KEYS
     if unknown:
         raise BadRequest(f"sampling_params keys {sorted(unknown)} are unknown; use {PARAM_KEYS}")
+    check_sampling_values(raw, limits.max_tokens, limits.vocab_size)
     max_tokens = raw.get("max_tokens")
     max_tokens = limits.max_tokens if max_tokens is None else max_tokens
-    if isinstance(max_tokens, int) and max_tokens > limits.max_tokens:
-        raise PayloadTooLarge(
-            f"max_tokens {max_tokens} exceeds this server's limit, {limits.max_tokens}"
-        )
     stop, ignore_eos = _stop(raw.get("stop"))
     values = {k: v for k, v in raw.items() if v is not None and k not in ("stop", "max_tokens")}
     try:

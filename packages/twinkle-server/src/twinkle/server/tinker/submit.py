@@ -12,15 +12,21 @@ from typing import Any
 
 from fastapi import Request
 
+from twinkle.server.checks import INT64_MAX, integer
 from twinkle.server.errors import ApiError, BadRequest
 from twinkle.server.routes.common import caller, idempotency_key, state_of
 
 
 def seq_of(body: dict[str, Any]) -> int:
-    seq_id = body.get("seq_id")
-    if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
-        raise BadRequest(f"seq_id must be an int >= 0, got {seq_id!r}")
-    return seq_id
+    return check_seq_id(body.get("seq_id"))
+
+
+def check_seq_id(seq_id: Any) -> int:
+    """A training request's seq_id: 1, 2, 3... (0 is the model's creation, and protobuf
+    reads a missing seq_id as 0, so 0 would answer with the create_model future)."""
+    if seq_id is None:
+        raise BadRequest("the request needs its seq_id (1, 2, 3... per training client)")
+    return integer(seq_id, "seq_id", 1, INT64_MAX)
 
 
 async def checked(

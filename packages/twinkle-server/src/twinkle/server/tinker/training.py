@@ -19,7 +19,13 @@ from twinkle.server.routes.common import caller, field, json_body, ready, state_
 from twinkle.server.tinker import model_ops
 from twinkle.server.tinker.base_model import check_base_model, served_repo_id
 from twinkle.server.tinker.batch import build_batch
-from twinkle.server.tinker.submit import checked, seq_of, submit_ordered, submit_unordered
+from twinkle.server.tinker.submit import (
+    check_seq_id,
+    checked,
+    seq_of,
+    submit_ordered,
+    submit_unordered,
+)
 
 router = APIRouter()
 TINKER_SCHEME = "tinker://"
@@ -140,8 +146,7 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
         if state.store.get_run(principal.key_id, exc.model_id) is not None:
             state.tinker.ordering.skip(exc.model_id, exc.seq_id)
         raise
-    if fwd.seq_id is None:
-        raise BadRequest("forward_backward needs the request's seq_id")
+    check_seq_id(fwd.seq_id)
 
     async def prepare() -> tuple:
         live = state.model.live_run(principal, fwd.model_id)
