@@ -12,13 +12,16 @@ A checkpoint is one folder::
                                                             of rank 0 (or the one process), rank r
         trainer_state.json                                  counters, versions; written last
 
-It is written into a temporary sibling folder (``.<name>.tmp-*``) and renamed into
-place only when complete, so the path ``<name>`` never holds a half-written
-checkpoint. Saving again under the same name renames the old folder aside, the new
-one into place, then deletes the old: at every moment a complete checkpoint exists
-under ``<name>`` or its aside name. ``trainer_state.json`` is the completeness
-marker: it is written last and says ``"complete": true``; a folder without it (a
-copy cut short, a crashed save's leftover) is refused.
+It is written into a temporary sibling folder (``.<name>.tmp-<pid>@<host>-*``) and
+renamed into place only when complete, so the path ``<name>`` never holds a half-written
+checkpoint. Saving again under the same name renames the old folder aside
+(``.<name>.old-<pid>@<host>-*``), the new one into place, then deletes the old: at every
+moment a complete checkpoint exists under ``<name>`` or its aside name. A process killed
+in between leaves these siblings behind; the next save or load of that name (or
+``recover_checkpoints`` on the whole folder) puts them right (``checkpoint_recovery``).
+``trainer_state.json`` is the completeness marker: it is written last and says
+``"complete": true``; a folder without it (a copy cut short, a crashed save's leftover)
+is refused.
 
 ``.pt`` files are torch state_dicts of tensors and plain values, read back with
 ``torch.load(weights_only=True)``, which never unpickles arbitrary objects.
@@ -45,6 +48,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from twinkle.model.checkpoint_recovery import (
+    pause_point,
+    recover_checkpoint,
+    recover_checkpoints,
+    writer_tag,
+)
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -153,12 +163,14 @@ def atomic_folder(
 ) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``final``; rename it to ``final`` on success.
 
-    On an exception the temporary folder is deleted and ``final`` is untouched. An
+    On an exception the temporary folder is deleted and ``final`` is untouched; what a
+    killed write left beside it is put right first (``checkpoint_recovery``). An
     existing ``final`` is replaced only with ``overwrite`` and only when it is empty
     or holds ``marker`` (a folder of the kind being written), so a mistyped path never
     deletes unrelated files.
     """
     final = Path(final).absolute()
+    recover_checkpoints(final.parent)  # what dead writers left, of any name there
     if final.exists() and not overwrite:
         raise FileExistsError(f"{final} already exists; pass overwrite=True or choose a new name")
     if final.exists() and (
@@ -169,10 +181,11 @@ def atomic_folder(
             f"refusing to replace it: choose another path or remove it"
         )
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{writer_tag()}-", dir=final.parent))
     try:
         yield tmp
         _fsync_tree(tmp)
+        pause_point("written", final)
         _rename_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -214,8 +227,9 @@ def shared_atomic_folder(
 def _rename_into_place(tmp: Path, final: Path) -> None:
     aside = None
     if final.exists():
-        aside = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        aside = final.with_name(f".{final.name}.old-{writer_tag()}-{uuid.uuid4().hex[:8]}")
         os.rename(final, aside)
+        pause_point("aside", final)
     try:
         os.rename(tmp, final)
     except BaseException:
@@ -224,6 +238,7 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
         raise
     _fsync_dir(final.parent)
     if aside is not None:
+        pause_point("placed", final)
         shutil.rmtree(aside)
 
 
@@ -266,6 +281,7 @@ def read_record(path: str | os.PathLike) -> tuple[Path, CheckpointRecord]:
     when it is incomplete (an interrupted save, a partial copy) or not a checkpoint.
     """
     folder = Path(path).expanduser().absolute()
+    recover_checkpoint(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"no checkpoint at {folder}: {_missing_folder_hint(folder)}")
     marker = folder / TRAINER_STATE
