@@ -21,9 +21,11 @@ from peft import LoraConfig
 
 from twinkle.infra import RemoteError
 from twinkle.model.checkpoint import TRAINER_STATE
+from twinkle.model.checkpoint_recovery import pause_point
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
 from twinkle.processor import InputProcessor
 from twinkle.server.auth import Principal
+from twinkle.server.checkpoint_recovery import reconcile_checkpoints, run_folder_name
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import (
     ApiError,
@@ -95,7 +97,7 @@ class ModelService:
         self.worker = FairWorker("model")
         self.live: dict[str, LiveRun] = {}
         store.deactivate_runs()  # no adapter survives a restart; checkpoints do
-        self._reconcile_checkpoints()
+        reconcile_checkpoints(store, self.checkpoints)
         self.methods: dict[str, Callable[..., Any]] = {
             "set_loss": self._set_loss,
             "set_optimizer": self._set_optimizer,
@@ -321,7 +323,7 @@ class ModelService:
     # ---- checkpoints --------------------------------------------------------------------
 
     def checkpoint_folder(self, owner: str, uri: CheckpointUri) -> Path:
-        return self.checkpoints / owner / uri.run_id.replace(":", "_") / uri.kind / uri.name
+        return self.checkpoints / owner / run_folder_name(uri.run_id) / uri.kind / uri.name
 
     def _save(
         self,
@@ -348,6 +350,7 @@ class ModelService:
             consumed_train_samples=consumed_train_samples,
             overwrite=bool(overwrite),
         )
+        pause_point("unrecorded", folder)  # a kill test's window: saved, not yet recorded
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         self.store.add_checkpoint(
             CheckpointRecord(
@@ -387,22 +390,6 @@ class ModelService:
             raise NotFound(f"no checkpoint {uri}")
         self.store.delete_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
         shutil.rmtree(record.path, ignore_errors=True)
-
-    def _reconcile_checkpoints(self) -> None:
-        """After a crash: drop records whose folder is incomplete, and leftover temp folders."""
-        for record in self.store.all_checkpoints():
-            folder = Path(record.path)
-            if not folder.exists():
-                # A replace cut short between its renames leaves the old copy aside.
-                for aside in folder.parent.glob(f".{folder.name}.old-*"):
-                    if (aside / TRAINER_STATE).is_file():
-                        aside.rename(folder)
-                        break
-            if not (folder / TRAINER_STATE).is_file():
-                logger.warning(f"checkpoint {record.path} is incomplete: unlisting it")
-                self.store.delete_checkpoint(record.owner, record.run_id, record.kind, record.name)
-        for leftover in self.checkpoints.glob("*/*/*/.*.[to][ml][pd]-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
 
     def stop(self) -> None:
         self.worker.stop()
