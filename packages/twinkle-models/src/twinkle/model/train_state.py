@@ -38,3 +38,6 @@ class TrainState:
     accumulated_calls: int = 0
     step: int = 0
     last_grad_norm: float | None = None
+    # The unit's own generators (a twinkle.model.unit_random.RandomStream) when its forwards
+    # draw apart from the process's (a MultiLoraTransformersModel's tenants); None: the process's.
+    random_stream: Any = None

@@ -68,6 +68,7 @@ from twinkle.model.transformers.weights import (
 from twinkle.utils import get_logger
 
 logger = get_logger()
+UNIT_RNG = "unit"  # in the RNG file: the unit's own generators (TrainState.random_stream)
 SHARDED = "sharded"  # the optimizer state lives in optimizer/, read by torch.distributed.checkpoint
 
 
@@ -116,6 +117,8 @@ class CheckpointingMixin:
             versions=library_versions(),
         )
         rng = capture_rng_state(self.device.type)
+        if state.random_stream is not None:
+            rng[UNIT_RNG] = state.random_stream.state_dict()
         plan = self._distributed_plan()
         sharded = self._sharded_checkpoint()
         # Collectives: the whole tensors (every expert too) arrive on rank 0, the writer.
@@ -401,4 +404,12 @@ class CheckpointingMixin:
                 f"{folder} was written with other library versions ({drift}): resumed losses "
                 f"may differ from the original run's in the last bits"
             )
-        restore_rng_state(saved["rng"])  # last: nothing after it may draw
+        # Last: nothing after it may draw. A unit with generators of its own (a pool's tenant)
+        # restores those alone: the process's belong to every unit.
+        stream = state.random_stream
+        if stream is None:
+            restore_rng_state(saved["rng"])
+        elif UNIT_RNG in saved["rng"]:
+            stream.load_state_dict(saved["rng"][UNIT_RNG])
+        else:
+            stream.load_process_state(saved["rng"])

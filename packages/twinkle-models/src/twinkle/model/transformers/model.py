@@ -13,6 +13,7 @@ metrics over the data-parallel ranks, and lets the plan clip the global norm.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from twinkle.model.transformers.strategy.sequence_parallel import (
     SequenceShard,
     sequence_parallel_of,
 )
+from twinkle.model.unit_random import derived_seed, seeded
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.patch import apply_for_batch
 from twinkle.utils import get_logger
@@ -120,6 +122,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         self.device_mesh = device_mesh or get_global_device_mesh()
         self.device = torch.device(device) if device is not None else _default_device()
         self.precision = resolve_precision(mixed_precision, self.device.type)
+        self.seed = seed
         model, self.model_dir = load_causal_lm(
             model_id, model_cls, config, seed, **from_pretrained_kwargs
         )
@@ -134,6 +137,13 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         self._active: str | None = None
 
     # ---- adapters and per-adapter components -------------------------------------------------
+
+    def _state(self, adapter_name: str | None) -> TrainState:
+        """The unit an operation names, made the active one: every operation on an adapter
+        (a forward, a step, a save, ...) runs on it in peft too, whichever ran last."""
+        state = super()._state(adapter_name)
+        self._activate(state)
+        return state
 
     def _activate(self, state: TrainState) -> None:
         """Make ``state``'s adapter the one that runs and receives gradients."""
@@ -169,7 +179,9 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         if final_backward is not None and torch.is_grad_enabled():
             plan.set_gradient_sync(state.name, final_backward)
             (self._unreduced.discard if final_backward else self._unreduced.add)(state.name)
-        return plan.run(state.name, fn, batch)
+        stream = state.random_stream
+        with stream.drawing() if stream is not None else contextlib.nullcontext():
+            return plan.run(state.name, fn, batch)
 
     @staticmethod
     def _steps_now(state: TrainState) -> bool:
@@ -191,6 +203,22 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         config_or_path: PeftConfig | str | os.PathLike,
         gradient_accumulation_steps: int = 1,
     ) -> None:
+        """Add a peft adapter from its config, or from the folder of a saved one.
+
+        A new adapter's weights are drawn from a seed derived from the model's ``seed`` and
+        ``adapter_name``: two runs with the same seed and name start from bit-identical
+        adapters, and adding one leaves the process's random state as it was.
+        """
+        self._add_adapter(adapter_name, config_or_path, gradient_accumulation_steps)
+
+    def _add_adapter(
+        self,
+        adapter_name: str,
+        config_or_path: PeftConfig | str | os.PathLike,
+        gradient_accumulation_steps: int,
+        init_seed: int | None = None,
+    ) -> TrainState:
+        """``add_adapter_to_model``, its weights drawn from ``init_seed`` when given."""
         if not isinstance(adapter_name, str) or not adapter_name or adapter_name == FULL_MODEL:
             raise ValueError(f"adapter_name must be a non-empty string, got {adapter_name!r}")
         if adapter_name in self._states:
@@ -208,8 +236,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 "before setting optimizers"
             )
         state = self._new_state(adapter_name, gradient_accumulation_steps)
+        if init_seed is None:
+            init_seed = self._init_seed(adapter_name)
         try:
-            self._attach_adapter(adapter_name, config_or_path)
+            with seeded(init_seed, self.device):
+                self._attach_adapter(adapter_name, config_or_path)
         except ValueError as exc:
             if "not found in the base model" not in str(exc):
                 raise
@@ -232,6 +263,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         self._states.pop(FULL_MODEL, None)
         self._states[adapter_name] = state
         self._active = None
+        return state
+
+    def _init_seed(self, adapter_name: str) -> int:
+        """The seed a new adapter's weights are drawn from: the model's seed and its name."""
+        return derived_seed(self.seed, adapter_name, "lora-init")
 
     def _attach_adapter(self, name: str, config_or_path: PeftConfig | str | os.PathLike) -> None:
         if isinstance(config_or_path, PeftConfig):
@@ -258,7 +294,6 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         self, optimizer_cls: Any = "AdamW", *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
         state = self._state(adapter_name)
-        self._activate(state)
         self._parallel()  # NOTE: FSDP2 replaces the parameters: the optimizer must come after
         state.optimizer = build_optimizer(self.model, optimizer_cls, **kwargs)
         state.lr_scheduler = None
@@ -508,7 +543,6 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         """
         state = self._state(adapter_name)
         state.pending_forward = state.pending_loss = None  # this forward is the last one
-        self._activate(state)
         self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
@@ -564,7 +598,6 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
     def forward(self, inputs: Any, *, adapter_name: str | None = None) -> ModelOutput:
         """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
         state = self._state(adapter_name)
-        self._activate(state)
         self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
@@ -621,7 +654,6 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         gradients nor the training metrics. ``task='embedding'`` returns the pooled
         ``embeddings`` (and the loss when the batch carries group labels)."""
         state = self._state(adapter_name)
-        self._activate(state)
         self.model.eval()
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None

@@ -4,7 +4,10 @@ The server's model: many tenants each train their own adapter on one shared base
 It is a TransformersModel whose adapters are slots of a pool: at most ``max_loras`` at
 once, each of rank at most ``max_rank``, and ``remove_adapter`` frees a slot. Adapters
 stay isolated because a step touches only the active adapter's parameters (peft marks
-the others frozen, and each adapter's optimizer holds its own parameters alone).
+the others frozen, and each adapter's optimizer holds its own parameters alone), and
+because each adapter draws its randomness (LoRA dropout) from its own generators
+(``unit_random.RandomStream``), seeded from its initial seed and saved with its checkpoint:
+a tenant's losses do not depend on its neighbours' work, nor on their resumes.
 
 Not supported: ``modules_to_save`` (it would train full copies of base modules per
 tenant) and full-parameter training (the base model is shared).
@@ -17,11 +20,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from peft import LoraConfig, PeftConfig
 
 from twinkle.data_format import ModelOutput
 from twinkle.infra import remote_function
+from twinkle.model.train_state import TrainState
 from twinkle.model.transformers.model import TransformersModel
+from twinkle.model.unit_random import RandomStream, derived_seed
 
 
 class LoraPoolFullError(RuntimeError):
@@ -46,20 +52,29 @@ class MultiLoraTransformersModel(TransformersModel):
         self.max_loras = max_loras
         self.max_rank = max_rank
 
-    @remote_function(dispatch="all", collect="first")
-    def add_adapter_to_model(
+    def _add_adapter(
         self,
         adapter_name: str,
         config_or_path: PeftConfig | str | os.PathLike,
-        gradient_accumulation_steps: int = 1,
-    ) -> None:
+        gradient_accumulation_steps: int,
+        init_seed: int | None = None,
+    ) -> TrainState:
+        """Take a slot; the adapter's dropout draws from its own stream, seeded from the seed
+        of its initial weights (and this worker's rank: data-parallel ranks mask apart)."""
         if len(self.adapter_names) >= self.max_loras:
             raise LoraPoolFullError(
                 f"all {self.max_loras} LoRA slots are in use; remove an adapter first"
             )
         if isinstance(config_or_path, PeftConfig):
             self._check_config(config_or_path)
-        super().add_adapter_to_model(adapter_name, config_or_path, gradient_accumulation_steps)
+        if init_seed is None:
+            init_seed = self._init_seed(adapter_name)
+        state = super()._add_adapter(
+            adapter_name, config_or_path, gradient_accumulation_steps, init_seed
+        )
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        state.random_stream = RandomStream(derived_seed(init_seed, "dropout", rank), self.device)
+        return state
 
     @remote_function(dispatch="all", collect="first")
     def add_seeded_adapter(
@@ -71,11 +86,9 @@ class MultiLoraTransformersModel(TransformersModel):
         seed: int,
     ) -> None:
         """``add_adapter_to_model`` with the new weights drawn from ``seed`` (a tenant's LoRA
-        seed), leaving the process's random state as it was."""
-        accelerator = [] if self.device.type == "cpu" else [self.device]
-        with torch.random.fork_rng(devices=accelerator, device_type=self.device.type):
-            torch.manual_seed(seed)
-            self.add_adapter_to_model(adapter_name, config, gradient_accumulation_steps)
+        seed) instead of the model's seed and the name, leaving the process's random state
+        as it was."""
+        self._add_adapter(adapter_name, config, gradient_accumulation_steps, seed)
 
     def _check_config(self, config: PeftConfig) -> None:
         if not isinstance(config, LoraConfig):
@@ -90,11 +103,20 @@ class MultiLoraTransformersModel(TransformersModel):
 
     @remote_function(dispatch="all", collect="first")
     def remove_adapter(self, adapter_name: str) -> None:
-        """Delete the adapter, its optimizer and its state, freeing its slot."""
+        """Delete the adapter, its optimizer and its state, freeing its slot.
+
+        peft is left naming a live adapter as its active one (or none when the pool is
+        empty): its ``delete_adapter`` keeps naming the deleted adapter when it was the
+        last, which a later adapter's save would then look up."""
         self._state(adapter_name)  # raises for an unknown name
         self.model.delete_adapter(adapter_name)
         del self._states[adapter_name]
         self._active = None
+        remaining = self.adapter_names
+        if remaining:
+            self._activate(self._states[remaining[0]])
+        else:
+            self.model.active_adapter = self.model.base_model.active_adapter  # []
 
     @remote_function(dispatch="slice_dp", collect="none")
     def forward_backward_rows(
@@ -131,7 +153,6 @@ class MultiLoraTransformersModel(TransformersModel):
         """A backward whose gradient is zero, on one pad token: under DDP each synchronised
         backward is a collective that every rank must join, rows or not."""
         state = self._state(adapter_name)
-        self._activate(state)
         self._train_mode()
         pad = torch.full((1, 1), self._pad_token_id() or 0, device=self.device)
         batch = {"input_ids": pad, "attention_mask": torch.ones_like(pad)}
