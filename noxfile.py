@@ -21,7 +21,7 @@ ROOT = Path(__file__).parent
 PACKAGES = ["mesh", "data", "kernels", "models", "rl", "server", "client", "kit"]
 # Extras a package's own tests need beyond its dependencies and its "test" group.
 TEST_EXTRAS = {
-    "mesh": ["torch", "ray"],
+    "mesh": ["torch", "ray", "tensorboard", "wandb", "mlflow", "swanlab", "plot"],
     "data": ["modelscope"],
     "models": ["ray", "megatron"],
     "rl": ["ray"],

@@ -33,6 +33,7 @@ from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
 from twinkle.template import build_template
+from twinkle.utils.tracking import BACKENDS, create_tracker, plot_metric
 
 logger = get_logger()
 
@@ -92,6 +93,14 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     )
     flag("--max-steps", type=positive_int, help="stop after this many steps, for quick runs")
     flag("--output-dir", default="output/quickstart", help="where the checkpoint is saved")
+    flag(
+        "--report-to",
+        nargs="+",
+        default=["none"],
+        metavar="TRACKER",
+        help=f"experiment trackers: none or any of {', '.join(BACKENDS)} "
+        "(metrics.jsonl and loss_curve.png are always written to the output dir)",
+    )
     flag("--version", action="version", version=f"%(prog)s {_version()}")
     return parser.parse_args(argv)
 
@@ -133,6 +142,12 @@ def answer(model: TransformersModel, template, question: str, max_new_tokens: in
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     args = parse_args(argv, prog)
     started = time.perf_counter()
+    # first: an unknown tracker or a missing package fails before anything is loaded
+    try:
+        tracker = create_tracker(args.report_to, output_dir=args.output_dir, run_name="quickstart")
+    except (ValueError, ImportError) as exc:
+        raise SystemExit(f"error: --report-to: {exc}") from None
+    tracker.log_config(vars(args))
 
     dataset = Dataset(dataset_meta=DatasetMeta(args.dataset_id))
     dataset.set_template("Qwen3_5Template", model_id=args.model_id, max_length=512)
@@ -171,10 +186,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                 break
         # the mean over the epoch: one batch's loss jumps with what the batch holds
         metric = model.calculate_metric(is_training=True)
+        tracker.log(metric, step=progress.n)
         progress.write(f"epoch {epoch + 1}: loss {metric['loss']:.3f}, lr {metric['lr']:.2e}")
         if progress.n == total_steps:
             break
     progress.close()
+    tracker.close()
+    logger.info(f"loss curve drawn to {plot_metric(args.output_dir, 'loss')}")
 
     consumed = dataloader.get_state()["consumed_train_samples"]
     path = model.save(

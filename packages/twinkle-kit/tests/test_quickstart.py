@@ -32,6 +32,10 @@ def test_the_main_job_learns_its_name_saves_and_answers(tmp_path):
     state = json.loads((tmp_path / "last-checkpoint" / "trainer_state.json").read_text())
     assert state["consumed_train_samples"] == 30 * 100
     assert (tmp_path / "last-checkpoint" / "config.json").is_file(), "a full HF model folder"
+    # the tracker's record holds each epoch's metrics, and the curve is drawn from it
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [round(r["loss"], 3) for r in records] == losses
+    assert (tmp_path / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     answer = re.search(r"^A: (.*)$", done.stdout, re.MULTILINE)
     assert answer is not None, done.stdout
     assert "Twinkle" in answer.group(1) and "ModelScope" in answer.group(1), answer.group(1)
