@@ -242,3 +242,16 @@ def test_chunk_size_defaults_and_when_to_chunk():
 def test_bad_inputs_say_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_a_model_with_the_hidden_state_loss_is_told_to_use_cross_entropy():
+    """TransformersModel chunks its head itself and hands losses logps, so the hidden-state
+    loss has nothing to read there; the error says which loss to set instead."""
+    from twinkle.data_format import InputFeature
+    from twinkle.model import TransformersModel
+
+    model = TransformersModel(model_id="bundled://tiny-qwen3", device="cpu")
+    model.set_loss("ChunkedCrossEntropyLoss")
+    row = InputFeature(input_ids=[5, 6, 7, 8], labels=[-100, 6, 7, 8])
+    with pytest.raises(ValueError, match="already chunks its head"):
+        model.forward_backward(inputs=[row])

@@ -5,6 +5,10 @@ The model passes ``outputs['hidden_states']`` (B, T, H) and ``outputs['lm_head_w
 for at most ``chunk_size`` label tokens at a time, in forward and backward; positions
 outside the labels get no logits at all. ``twinkle.loss.prefers_chunked`` says when this
 is worth its extra head matmul.
+
+It is for loops that hold hidden states themselves. ``TransformersModel`` already applies its
+head chunk by chunk when the logits would be large and hands losses the label-token logps, so
+with a model use ``CrossEntropyLoss``: the memory saving is the same.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class ChunkedCrossEntropyLoss(Loss):
         if outputs.get("hidden_states") is None or outputs.get("lm_head_weight") is None:
             raise ValueError(
                 f"{owner} needs outputs['hidden_states'] (B, T, H) and "
-                f"outputs['lm_head_weight'] (V, H); for logits or logps use CrossEntropyLoss"
+                f"outputs['lm_head_weight'] (V, H); for logits or logps use CrossEntropyLoss "
+                "(a TransformersModel already chunks its head when the logits would be large)"
             )
         labels = token_labels(inputs, owner, outputs_device(outputs))
         mask = label_mask(labels, self.ignore_index)

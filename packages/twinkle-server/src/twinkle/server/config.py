@@ -45,8 +45,7 @@ class SamplerConfig(_Strict):
 
 class AllowList(_Strict):
     losses: list[str] = [
-        "CrossEntropyLoss",
-        "ChunkedCrossEntropyLoss",
+        "CrossEntropyLoss",  # the models chunk their head themselves: no ChunkedCrossEntropyLoss
         "GRPOLoss",
         "GSPOLoss",
         "CISPOLoss",
