@@ -178,7 +178,8 @@ def test_a_tenant_cannot_reach_another_tenants_runs_or_checkpoints(server):
     before = owner.get_capacity_info()
     owner.close()
     other.close()
-    assert before.used_loras >= 2
+    # This key's own slots (the thief's is not shown to it), and its quota: ceil(8 / 2).
+    assert before.used_loras >= 1 and before.max_loras_per_key == 4
 
 
 def test_a_revoked_key_stops_working_and_others_continue(server):

@@ -93,8 +93,8 @@ def test_the_twinkle_client_page_runs_as_written(server):
 
     # 容量与权重信息
     capacity = client.get_capacity_info()
-    assert (capacity.max_loras, capacity.free_loras) == (MAX_LORAS, MAX_LORAS - capacity.used_loras)
-    assert capacity.used_loras >= 1
+    assert (capacity.max_loras, capacity.max_loras_per_key) == (MAX_LORAS, MAX_LORAS // 2)
+    assert capacity.used_loras >= 1 and capacity.free_loras <= MAX_LORAS - capacity.used_loras
     info = client.get_weights_info(f"twinkle://{run_id}/weights/checkpoint")
     assert (info.base_model, info.is_lora, info.lora_rank) == (MODEL_ID, True, 4)
 

@@ -219,24 +219,24 @@ def test_a_revoked_key_is_refused_at_once(server, make_tenant):
 def test_the_pool_is_bounded_and_a_finished_session_frees_its_slots(server, make_tenant):
     state, http, keys = server
     extra = make_tenant(http, keys["bob"])
-    held = sum(1 for live in state.model.live.values() if live.run.owner == extra.key_id())
+    held = state.model.slots_held(extra.key_id())
     state.config.limits.max_loras_per_key = held
     try:
         body = {"session_id": extra.session, "config": {"r": 2}}
-        _assert_json_error(extra.post("/twinkle/model/add_adapter_to_model", body), 429)
+        _assert_json_error(extra.post("/twinkle/model/add_adapter_to_model", body), 403)
+        state.config.limits.max_loras_per_key = state.config.model.max_loras  # the whole pool
+        runs = []
+        while state.model.free_slots() > 0:
+            runs.append(extra.new_run())
+        _assert_json_error(extra.post("/twinkle/model/add_adapter_to_model", body), 503)
     finally:
         state.config.limits.max_loras_per_key = None
-    runs = []
-    while state.model.capacity()["free_loras"] > 0:
-        runs.append(extra.new_run())
-    body = {"session_id": extra.session, "config": {"r": 2}}
-    _assert_json_error(extra.post("/twinkle/model/add_adapter_to_model", body), 503)
     assert extra.post(f"/sessions/{extra.session}/finish", {}).status_code == 200
     for _ in range(50):
-        if state.model.capacity()["free_loras"] >= len(runs):
+        if state.model.free_slots() >= len(runs):
             break
         time.sleep(0.1)
-    assert state.model.capacity()["free_loras"] >= len(runs)
+    assert state.model.free_slots() >= len(runs)
     _assert_json_error(extra.call(runs[0], "step"), 409)
     _assert_json_error(extra.post("/session_heartbeat", {"session_id": extra.session}), 410)
 
@@ -255,7 +255,7 @@ def test_a_session_without_heartbeats_expires_and_frees_its_slot(server, make_te
         if run not in state.model.live:
             break
         time.sleep(0.1)
-    assert run not in state.model.live and state.model.capacity()["used_loras"] == 0
+    assert run not in state.model.live and not state.model.live
     _assert_json_error(quiet.call(run, "step"), 409)
     assert quiet.get(f"/training_runs/{run}").json()["active"] is False
 

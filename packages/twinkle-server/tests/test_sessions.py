@@ -92,12 +92,13 @@ def test_a_session_that_stops_beating_is_released_after_the_grace_not_the_ttl(se
     assert _released(state, kept)
 
 
-def test_a_refused_slot_says_when_one_frees(server, short_grace):
+def test_a_refused_slot_says_when_one_frees(server, short_grace, monkeypatch):
     state, http, keys = server
+    monkeypatch.setattr(state.config.limits, "max_loras_per_key", state.config.model.max_loras)
     key = keys["bob"]
     session = _session(http, key, {"heartbeat_interval_s": PERIOD_S})
     runs = []
-    while state.model.capacity()["free_loras"] > 0:
+    while state.model.free_slots() > 0:
         runs.append(_run(http, key, session))
         assert _beat(http, key, session) == 200
     body = {"session_id": session, "config": {"r": 2}}

@@ -68,8 +68,9 @@ def test_model_facts_are_asked_once_at_start(server):
     assert state.model.workers == 1
 
 
-def test_lora_seed_draws_the_same_weights_and_spares_the_rng(server, make_tenant):
+def test_lora_seed_draws_the_same_weights_and_spares_the_rng(server, make_tenant, monkeypatch):
     state, http, keys = server
+    monkeypatch.setattr(state.config.limits, "max_loras_per_key", 3)  # one key, three models
     tenant = make_tenant(http, keys["bob"])
     rng = torch.get_rng_state()
     first, second, other = (_create(tenant, i, seed) for i, seed in enumerate((3, 3, 4)))

@@ -158,7 +158,8 @@ class TwinkleClient:
         return self.transport.request("GET", "/get_server_capabilities")
 
     def get_capacity_info(self) -> CapacityInfo:
-        """The server's LoRA pool: ``max_loras``, ``used_loras`` (all tenants'), ``free_loras``."""
+        """The server's LoRA pool as this key sees it: ``max_loras``, ``used_loras`` (this
+        key's own), ``free_loras`` (free in the pool) and ``max_loras_per_key``."""
         return CapacityInfo.model_validate(self.transport.request("GET", "/capacity"))
 
     def get_session(self) -> SessionInfo:

@@ -73,9 +73,15 @@ class SessionInfo(_Model):
 
 
 class CapacityInfo(_Model):
+    """The server's LoRA pool as this key sees it: ``max_loras`` slots in all, ``used_loras``
+    held by this key, ``free_loras`` free in the pool, and ``max_loras_per_key`` this key may
+    hold at once (None from a server that sets no quota). This key can add
+    ``min(free_loras, max_loras_per_key - used_loras)`` adapters now."""
+
     max_loras: int
     used_loras: int
     free_loras: int
+    max_loras_per_key: int | None = None
 
 
 class WeightsInfo(_Model):

@@ -69,7 +69,11 @@ def small_server(server_process, base_model):
         {
             "model": {"model_id": base_model, "max_loras": SLOTS, "device": "cpu"},
             "sampler": {"enabled": False},
-            "limits": {"session_ttl_s": TTL_S, "session_heartbeat_grace_s": GRACE_S},
+            "limits": {
+                "session_ttl_s": TTL_S,
+                "session_heartbeat_grace_s": GRACE_S,
+                "max_loras_per_key": SLOTS,  # one key fills the pool here
+            },
         },
     )
     key = process.cli("keys", "create", "--name", "slots")

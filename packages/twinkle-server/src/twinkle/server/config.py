@@ -89,7 +89,10 @@ class Limits(_Strict):
     max_sequence_tokens: int = Field(default=32768, ge=1)
     max_datasets_per_key: int = Field(default=8, ge=1)
     max_loras_per_key: int | None = Field(default=None, ge=1)
-    """LoRA slots one key may hold at once (None: all of them)."""
+    """LoRA slots one key may hold at once. None (the default) is a fair share: half the
+    pool, rounded up (``ceil(max_loras / 2)``), so one key never holds every slot while
+    another waits, and a pool of one still serves its key. Set it to ``max_loras`` to let
+    one key take the whole pool."""
 
 
 class StorageConfig(_Strict):

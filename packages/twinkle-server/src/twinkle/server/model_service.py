@@ -9,6 +9,7 @@ the model's ``save``, and are recorded in the store only once complete.
 
 from __future__ import annotations
 
+import math
 import secrets
 import shutil
 import time
@@ -32,8 +33,8 @@ from twinkle.server.errors import (
     BadRequest,
     CapacityFull,
     Conflict,
+    Forbidden,
     NotFound,
-    RateLimited,
 )
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.scheduler import FairWorker
@@ -124,10 +125,28 @@ class ModelService:
     def base_model(self) -> str:
         return self.config.model.model_id
 
-    def capacity(self) -> dict[str, int]:
+    def capacity(self, key_id: str) -> dict[str, int]:
+        """The pool as one key may see it: its size, the slots this key holds, how many are
+        free, and this key's quota; never another key's use."""
+        return {
+            "max_loras": self.config.model.max_loras,
+            "used_loras": self.slots_held(key_id),
+            "free_loras": self.free_slots(),
+            "max_loras_per_key": self.per_key_quota(),
+        }
+
+    def free_slots(self) -> int:
+        return self.config.model.max_loras - len(self.live)
+
+    def slots_held(self, key_id: str) -> int:
+        return sum(1 for live in self.live.values() if live.run.owner == key_id)
+
+    def per_key_quota(self) -> int:
+        """The slots one key may hold: ``limits.max_loras_per_key``, by default a fair share
+        (half the pool, rounded up; see ``Limits``)."""
         max_loras = self.config.model.max_loras
-        used = len(self.live)
-        return {"max_loras": max_loras, "used_loras": used, "free_loras": max_loras - used}
+        quota = self.config.limits.max_loras_per_key
+        return min(quota, max_loras) if quota is not None else math.ceil(max_loras / 2)
 
     # ---- runs ---------------------------------------------------------------------------
 
@@ -166,18 +185,20 @@ class ModelService:
         seed: int | None = None,
     ) -> TrainingRun:
         """Runs on the worker: take a slot (its LoRA weights drawn from ``seed`` when given),
-        then record the run."""
-        if len(self.live) >= self.config.model.max_loras:
+        then record the run. A full pool is a 503 saying when a slot frees (a client retries
+        it); a key at its quota in a pool with room is a 403 (not retried: only the key
+        itself can free one of its slots)."""
+        if self.free_slots() <= 0:
             holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
             raise CapacityFull(
                 f"all {self.config.model.max_loras} LoRA slots are in use; "
                 + self.when_a_slot_frees(holders)
             )
-        per_key = self.config.limits.max_loras_per_key
-        held = sum(1 for live in self.live.values() if live.run.owner == principal.key_id)
-        if per_key is not None and held >= per_key:
-            raise RateLimited(
-                f"this key holds {held} LoRA slots, its limit; remove an adapter or end a session"
+        quota, held = self.per_key_quota(), self.slots_held(principal.key_id)
+        if held >= quota:
+            raise Forbidden(
+                f"this key holds {held} LoRA slots and its quota (limits.max_loras_per_key) is "
+                f"{quota}: remove one of its adapters (remove_adapter) or end a session"
             )
         adapter = "t" + secrets.token_hex(8)
         try:

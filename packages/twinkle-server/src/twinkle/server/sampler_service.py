@@ -13,12 +13,14 @@ of the Tinker routes.
 from __future__ import annotations
 
 import json
+import random
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
+from twinkle.model.unit_random import derived_seed
 from twinkle.sampler.base import BASE_MODEL
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
@@ -64,6 +66,7 @@ class SamplerService:
         self._templates: dict[str, tuple[str, dict[str, Any]]] = {}  # key id -> template
         self._current_template: tuple[str, dict[str, Any]] | None = None
         self._vocab_size: int | None = None
+        self._seed_streams: dict[str, random.Random] = {}  # key id -> its unseeded calls' seeds
 
     def set_template(self, principal: Principal, body: dict[str, Any]) -> None:
         """Record the caller's template; it is applied before each of the caller's samples
@@ -89,6 +92,8 @@ class SamplerService:
             params = SamplingParams.model_validate({"max_tokens": 64, **raw})
         except ValueError as exc:
             raise BadRequest(f"invalid sampling_params: {exc}") from None
+        if params.seed is None:
+            params = params.model_copy(update={"seed": self._next_seed(principal.key_id)})
         folder = None
         if body.get("adapter_uri") is not None:
             folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path
@@ -102,6 +107,16 @@ class SamplerService:
             return {"sequences": flat, "responses": per_prompt}
 
         return work
+
+    def _next_seed(self, key_id: str) -> int:
+        """The seed of a call that names none, from the key's own generator (seeded by the
+        model's seed and the key): a tenant's unseeded samples follow its own calls alone, not
+        how many other tenants sampled in between (the sampler's one generator would)."""
+        stream = self._seed_streams.get(key_id)
+        if stream is None:
+            seed = derived_seed(self.config.model.seed, key_id, "sampling")
+            stream = self._seed_streams[key_id] = random.Random(seed)
+        return stream.getrandbits(63)
 
     def vocab_size(self) -> int | None:
         """Token ids at or above this are not the model's (checked before queueing); None

@@ -46,8 +46,9 @@ async def capabilities(request: Request) -> dict:
 
 @router.get("/capacity")
 async def capacity(request: Request) -> dict:
-    caller(request)
-    return ready(state_of(request)).model.capacity()
+    """The LoRA pool as the caller sees it (``ModelService.capacity``): its own slots only."""
+    principal = caller(request)
+    return ready(state_of(request)).model.capacity(principal.key_id)
 
 
 @router.get("/twinkle/api")
