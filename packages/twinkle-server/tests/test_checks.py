@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from twinkle.server.checks import finite_values, integer, number
+from twinkle.server.checks import finite_values, integer, number, refuse_nulls
 from twinkle.server.errors import BadRequest
 
 
@@ -48,3 +48,9 @@ def test_finite_values_finds_one_nan_in_nested_lists():
         finite_values([[1.0, 2.0], [np.nan, 4.0]], "advantages")
     with pytest.raises(BadRequest, match="old_logps must hold numbers only"):
         finite_values([1.0, "x"], "old_logps")
+
+
+def test_refuse_nulls_names_the_null_fields_and_ignores_absent_ones():
+    refuse_nulls({"lr": 0.1}, ("lr", "eps"), "adam_params")
+    with pytest.raises(BadRequest, match="adam_params eps, lr are null .*NaN and infinite"):
+        refuse_nulls({"lr": None, "eps": None, "other": None}, ("lr", "eps"), "adam_params")

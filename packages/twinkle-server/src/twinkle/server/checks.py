@@ -70,3 +70,15 @@ def finite_values(values: Any, name: str) -> None:
         raise BadRequest(f"{name} must hold numbers only") from None
     if not bool(np.isfinite(array).all()):
         raise BadRequest(f"{name} holds NaN or infinite values; every value must be finite")
+
+
+def refuse_nulls(raw: dict[str, Any], names: Any, where: str) -> None:
+    """A null in ``raw`` for a field of ``names`` is an error, not "use the default": the
+    Tinker SDKs serialise through pydantic's JSON mode, which writes NaN and infinities as
+    null, so ``AdamParams(learning_rate=nan)`` arrives as ``{"learning_rate": null}``."""
+    nulls = sorted(name for name in names if name in raw and raw[name] is None)
+    if nulls:
+        raise BadRequest(
+            f"{where} {', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null (the Tinker "
+            "SDK sends NaN and infinite values as null); give finite numbers"
+        )

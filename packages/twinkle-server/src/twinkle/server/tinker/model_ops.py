@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from peft import LoraConfig
 
-from twinkle.server.checks import INT64_MAX, integer, number
+from twinkle.server.checks import INT64_MAX, integer, number, refuse_nulls
 from twinkle.server.errors import BadRequest
 from twinkle.server.names import CheckpointUri
 from twinkle.server.tinker.batch import per_datum_logprobs
@@ -81,7 +81,8 @@ def tinker_lora_config(raw: Any, max_rank: int) -> tuple[LoraConfig, int | None]
 
 
 def adam_params(raw: Any) -> dict[str, float]:
-    """Tinker's AdamParams with every default filled in (SDK 0.16.1 sends only those set)."""
+    """Tinker's AdamParams with every default filled in (SDK 0.16.1 sends only those set;
+    a null is a NaN or an infinity the SDK could not write)."""
     if not isinstance(raw, dict):
         raise BadRequest("optim_step needs adam_params, an object with learning_rate etc.")
     unknown = set(raw) - set(ADAM_DEFAULTS)
@@ -89,7 +90,8 @@ def adam_params(raw: Any) -> dict[str, float]:
         raise BadRequest(
             f"adam_params keys {sorted(unknown)} are unknown; use {list(ADAM_DEFAULTS)}"
         )
-    params = {**ADAM_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    refuse_nulls(raw, ADAM_DEFAULTS, "adam_params")
+    params = {**ADAM_DEFAULTS, **raw}
     return {
         key: number(params[key], f"adam_params.{key}", **bounds)
         for key, bounds in ADAM_BOUNDS.items()

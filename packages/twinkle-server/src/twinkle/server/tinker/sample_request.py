@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.data_format import SampleResponse, SamplingParams
+from twinkle.server.checks import refuse_nulls
 from twinkle.server.errors import BadRequest, PayloadTooLarge, ServerFailure
 from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.tinker.codec import tokens_from_json
@@ -32,6 +33,7 @@ UNSUPPORTED = {
     "record_stability_info": lambda v: bool(v),
 }
 PARAM_KEYS = {"max_tokens", "seed", "stop", "temperature", "top_k", "top_p"}
+NON_OPTIONAL_PARAMS = ("temperature", "top_k", "top_p")  # the SDK's plain floats and ints
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ def _params(raw: Any, num_samples: int, want_prompt: int | None, top: int, limit
     unknown = set(raw) - PARAM_KEYS
     if unknown:
         raise BadRequest(f"sampling_params keys {sorted(unknown)} are unknown; use {PARAM_KEYS}")
+    refuse_nulls(raw, NON_OPTIONAL_PARAMS, "sampling_params")
     check_sampling_values(raw, limits.max_tokens, limits.vocab_size)
     max_tokens = raw.get("max_tokens")
     max_tokens = limits.max_tokens if max_tokens is None else max_tokens
