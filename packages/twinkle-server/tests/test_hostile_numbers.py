@@ -141,6 +141,9 @@ ADAM_CASES = [
     ({"weight_decay": INF}, "adam_params.weight_decay must be a finite number in [0, inf)"),
     ({"grad_clip_norm": NAN}, "adam_params.grad_clip_norm must be a finite number in [0, inf)"),
     ({"grad_clip_norm": -1.0}, "adam_params.grad_clip_norm must be a finite number"),
+    # the SDKs write NaN/inf as null (pydantic's JSON mode): never "use the default"
+    ({"learning_rate": None}, "adam_params learning_rate is null"),
+    ({"beta1": None, "eps": None}, "adam_params beta1, eps are null"),
 ]
 
 
@@ -289,6 +292,12 @@ SAMPLING_CASES = [
 ]
 
 
+TINKER_ONLY_CASES = [
+    ({"temperature": None}, "sampling_params temperature is null"),
+    ({"top_p": None, "top_k": None}, "sampling_params top_k, top_p are null"),
+]
+
+
 def _asample(tenant: Tenant, sampler_id: str, params: dict):
     body = {
         "sampling_session_id": sampler_id,
@@ -313,7 +322,7 @@ def sampler_id(hostile):
     return response.json()["sampling_session_id"]
 
 
-@pytest.mark.parametrize(("params", "message"), SAMPLING_CASES)
+@pytest.mark.parametrize(("params", "message"), SAMPLING_CASES + TINKER_ONLY_CASES)
 def test_asample_refuses_out_of_range_sampling_params(hostile, sampler_id, params, message):
     state, tenant, model_id = hostile
     response = _asample(tenant, sampler_id, params)
@@ -378,3 +387,90 @@ def test_twinkle_route_results_keep_nan_as_the_twinkle_client_reads_it():
 
     decoded = json.loads(ResultJSONResponse({"loss": NAN, "grad_norm": -INF}).body)
     assert math.isnan(decoded["loss"]) and decoded["grad_norm"] == -INF
+
+
+# ---- the Twinkle model routes: LoRA settings and gradient clipping ----------------------
+
+FEATURE = {"input_ids": TOKENS, "labels": [-100, -100, *TARGETS[2:]]}
+
+
+@pytest.fixture(scope="module")
+def twinkle_run(hostile):
+    state, tenant, _ = hostile
+    body = {"session_id": tenant.session, "config": {"r": 4, "target_modules": "all-linear"}}
+    response = tenant.post("/twinkle/model/add_adapter_to_model", body)
+    assert response.status_code == 200, response.text
+    return response.json()["result"]["training_run_id"]
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"lora_alpha": NAN}, ("lora_alpha", "must be a finite number", "got nan")),
+        ({"lora_alpha": -8}, "lora_config lora_alpha must be a finite number in (0, inf)"),
+        ({"lora_dropout": NAN}, ("lora_dropout", "must be a finite number", "got nan")),
+        ({"lora_dropout": 1.0}, "lora_config lora_dropout must be a finite number in [0, 1)"),
+        ({"bias": "evil"}, "lora_config bias must be one of none, all, lora_only, got 'evil'"),
+        ({"use_rslora": "yes"}, "lora_config use_rslora must be true or false"),
+    ],
+)
+def test_add_adapter_refuses_bad_lora_values(hostile, twinkle_run, config, message):
+    state, tenant, _ = hostile
+    before, slots = adapter_weights(state, twinkle_run), len(state.model.live)
+    body = {"session_id": tenant.session, "config": {"r": 4, **config}}
+    response = tenant.post("/twinkle/model/add_adapter_to_model", body)
+    assert response.status_code == 400, response.text
+    for words in [message] if isinstance(message, str) else message:
+        assert words in response.json()["error"], response.text
+    assert len(state.model.live) == slots
+    loss = tenant.post(
+        "/twinkle/model/forward_only",
+        {"training_run_id": twinkle_run, "args": {"inputs": [FEATURE]}},
+    )
+    assert loss.status_code == 200, loss.text
+    assert_unchanged(before, adapter_weights(state, twinkle_run))
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "message"),
+    [
+        ("clip_grad_norm", {"max_norm": NAN}, ("max_norm", "must be a finite number", "nan")),
+        ("clip_grad_norm", {"max_norm": -1.0}, "clip_grad_norm max_norm must be a finite number"),
+        ("clip_grad_norm", {"max_norm": 0}, "in (0, inf), got 0"),
+        ("clip_grad_and_step", {"max_grad_norm": INF}, ("max_grad_norm", "finite", "inf")),
+    ],
+)
+def test_gradient_clipping_refuses_non_positive_or_non_finite_norms(
+    hostile, twinkle_run, method, args, message
+):
+    state, tenant, _ = hostile
+    call = lambda name, **kw: tenant.post(  # noqa: E731
+        f"/twinkle/model/{name}", {"training_run_id": twinkle_run, "args": kw}
+    )
+    before = adapter_weights(state, twinkle_run)
+    assert call("forward_backward", inputs=[FEATURE]).status_code == 200
+    response = call(method, **args)
+    assert response.status_code == 400, response.text
+    for words in [message] if isinstance(message, str) else message:
+        assert words in response.json()["error"], response.text
+    assert_unchanged(before, adapter_weights(state, twinkle_run))
+    norm = call("clip_grad_norm", max_norm=1e9)  # the gradients are intact and finite
+    assert norm.status_code == 200, norm.text
+    assert math.isfinite(norm.json()["result"]) and norm.json()["result"] > 0
+    assert call("zero_grad").status_code == 200
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    assert after.keys() == before.keys() and before
+    for name, tensor in after.items():
+        assert torch.isfinite(tensor).all() and torch.equal(tensor, before[name]), name
+
+
+def test_a_twinkle_run_in_a_session_with_a_tinker_model_takes_the_next_free_id(
+    hostile, twinkle_run
+):
+    """Tinker's create_model chooses its model_seq_id (0 here); the Twinkle route's own
+    counter must skip it instead of failing on the taken id (a 500 before)."""
+    _, tenant, model_id = hostile
+    assert model_id == f"{tenant.session}:train:0"
+    assert twinkle_run.startswith(f"{tenant.session}:train:") and twinkle_run != model_id

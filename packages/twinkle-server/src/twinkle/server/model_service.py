@@ -36,6 +36,7 @@ from twinkle.server.errors import (
     Forbidden,
     NotFound,
 )
+from twinkle.server.model_args import check_lora_values, check_method_args
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
@@ -158,6 +159,7 @@ class ModelService:
             raise BadRequest(
                 f"lora_config keys {sorted(unknown)} are not accepted; use {sorted(LORA_KEYS)}"
             )
+        check_lora_values(values)
         rank = values.setdefault("r", 8)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise BadRequest(f"lora_config r must be a positive int, got {rank!r}")
@@ -331,6 +333,7 @@ class ModelService:
             if unknown:
                 raise BadRequest(f"{method} takes no argument(s) {sorted(unknown)}")
             kwargs = plain_kwargs(kwargs, method)
+            check_method_args(method, kwargs)
             return encode(getattr(self.model, method)(adapter_name=live.adapter, **kwargs))
 
         return handler

@@ -69,6 +69,8 @@ async def add_adapter(request: Request) -> dict:
         raise BadRequest("gradient_accumulation_steps must be >= 1")
     metadata = field(body, "user_metadata", dict, {})
     run_id = f"{session.id}:train:{state.store.next_model_seq(session.id)}"
+    while state.store.get_run(principal.key_id, run_id) is not None:  # a Tinker create_model
+        run_id = f"{session.id}:train:{state.store.next_model_seq(session.id)}"  # chose its seq
 
     def create() -> dict:
         run = state.model.create_run(principal, session.id, run_id, name, lora, steps, metadata)
