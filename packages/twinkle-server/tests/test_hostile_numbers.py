@@ -27,7 +27,6 @@ from twinkle.server.config import ServerConfig
 from twinkle.server.state import build_state
 from twinkle.server.tinker import proto_schema
 from twinkle.server.tinker.results import PROTO_MEDIA_TYPE
-from twinkle_client.errors import RequestLostError, from_response
 
 TOKENS = [5, 9, 17, 33, 2, 40]
 TARGETS = [9, 17, 33, 2, 40, 7]
@@ -372,9 +371,11 @@ def test_a_future_lost_to_a_restart_answers_410_at_once(tmp_path):
                 json={"inputs": [{"input_ids": PROMPT}], "sampling_params": {"max_tokens": 2}},
                 headers={**tenant.headers, "X-Idempotency-Key": "retry-key-1"},
             )
+            # 410 code lost: the Twinkle client raises RequestLostError at once on it
+            # (twinkle-client's test_transport), the Tinker SDK stops polling
             assert retried.status_code == 410, retried.text
-            error = from_response(retried.status_code, retried.json())
-            assert isinstance(error, RequestLostError) and "submit it again" in error.message
+            assert retried.json()["code"] == "lost", retried.text
+            assert "submit it again" in retried.json()["error"], retried.text
             assert tenant.post("/create_session", {}).status_code == 200  # still serving
     finally:
         second.close()
