@@ -39,8 +39,8 @@ import ray  # noqa: E402
 
 import twinkle  # noqa: E402
 from twinkle import DeviceGroup, DeviceMesh, remote_class, remote_function  # noqa: E402
-from twinkle.infra import ray_runtime  # noqa: E402
-from twinkle.infra.ray_traffic import count_driver_traffic  # noqa: E402
+from twinkle.infra.ray import runtime as ray_runtime  # noqa: E402
+from twinkle.infra.ray.traffic import count_driver_traffic  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import commit  # noqa: E402

@@ -19,7 +19,7 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh, Platform, get_device_placement
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
-from twinkle.infra.ray_traffic import count_driver_traffic
+from twinkle.infra.ray.traffic import count_driver_traffic
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
 

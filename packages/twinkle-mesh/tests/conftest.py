@@ -19,7 +19,8 @@ def ray_cluster(tmp_path_factory):
     import the test components from ``scripts/`` and may cache bytecode."""
     import ray
 
-    from twinkle.infra import ray_runtime, reset
+    from twinkle.infra import reset
+    from twinkle.infra.ray import runtime as ray_runtime
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["PYTHONDONTWRITEBYTECODE"] = ""

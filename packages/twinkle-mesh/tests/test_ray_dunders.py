@@ -6,7 +6,8 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup
-from twinkle.infra import ray_runtime, reset
+from twinkle.infra import reset
+from twinkle.infra.ray import runtime as ray_runtime
 from twinkle.infra.remote import find_remote_spec
 
 

@@ -7,7 +7,8 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup
-from twinkle.infra import EarlierCallError, RemoteError, ray_runtime, reset
+from twinkle.infra import EarlierCallError, RemoteError, reset
+from twinkle.infra.ray import runtime as ray_runtime
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup, get_device_placement
-from twinkle.infra import get_mode, ray_runtime, reset
-from twinkle.infra.ray_env import WorkerInfo, worker_envs
-from twinkle.infra.ray_resources import check_groups_fit
+from twinkle.infra import get_mode, reset
+from twinkle.infra.ray import runtime as ray_runtime
+from twinkle.infra.ray.env import WorkerInfo, worker_envs
+from twinkle.infra.ray.resources import check_groups_fit
 
 
 @pytest.fixture

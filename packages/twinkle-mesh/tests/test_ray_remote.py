@@ -5,9 +5,10 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup, DeviceMesh, get_device_placement
-from twinkle.infra import ray_runtime, reset
-from twinkle.infra.ray_lazy import LazyResult
-from twinkle.infra.ray_traffic import count_driver_traffic
+from twinkle.infra import reset
+from twinkle.infra.ray import runtime as ray_runtime
+from twinkle.infra.ray.lazy import LazyResult
+from twinkle.infra.ray.traffic import count_driver_traffic
 
 
 @pytest.fixture(scope="module")

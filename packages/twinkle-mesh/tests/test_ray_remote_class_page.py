@@ -6,7 +6,8 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup, DeviceMesh
-from twinkle.infra import ray_runtime, reset
+from twinkle.infra import reset
+from twinkle.infra.ray import runtime as ray_runtime
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,9 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
-from twinkle.infra import ray_runtime, reset
-from twinkle.infra.ray_traffic import count_driver_traffic
+from twinkle.infra import reset
+from twinkle.infra.ray import runtime as ray_runtime
+from twinkle.infra.ray.traffic import count_driver_traffic
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
 

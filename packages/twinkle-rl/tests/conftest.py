@@ -25,7 +25,8 @@ def ray_cluster(tmp_path_factory):
 
     import ray
 
-    from twinkle.infra import ray_runtime, reset
+    from twinkle.infra import reset
+    from twinkle.infra.ray import runtime as ray_runtime
 
     scripts = str(Path(__file__).parent / "scripts")
     os.environ["RAY_AUTH_MODE"] = "disabled"

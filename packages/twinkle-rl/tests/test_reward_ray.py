@@ -7,8 +7,9 @@ import pytest
 
 import twinkle
 from twinkle import DeviceGroup
-from twinkle.infra import RemoteError, ray_runtime, reset
-from twinkle.infra.ray_lazy import LazyResult
+from twinkle.infra import RemoteError, reset
+from twinkle.infra.ray import runtime as ray_runtime
+from twinkle.infra.ray.lazy import LazyResult
 from twinkle.reward import (
     CountdownAccuracyReward,
     FormatReward,

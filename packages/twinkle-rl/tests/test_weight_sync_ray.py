@@ -15,7 +15,8 @@ import twinkle
 from twinkle import DeviceGroup, DeviceMesh
 from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SamplingParams
-from twinkle.infra import ray_runtime, reset
+from twinkle.infra import reset
+from twinkle.infra.ray import runtime as ray_runtime
 from twinkle.model import TransformersModel
 from twinkle.sampler import TorchSampler
 

@@ -30,7 +30,8 @@ def test_ray_mode_needs_the_groups_it_places_components_on(tmp_path):
 def ray_server(tmp_path_factory):
     import ray
 
-    from twinkle.infra import ray_runtime, reset
+    from twinkle.infra import reset
+    from twinkle.infra.ray import runtime as ray_runtime
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["PYTHONDONTWRITEBYTECODE"] = ""

@@ -4,7 +4,7 @@ from twinkle.infra.collect import COLLECT_MODES, collect
 from twinkle.infra.dispatch import DISPATCH_MODES, dispatch
 from twinkle.infra.initialize import initialize
 from twinkle.infra.placement import get_device_placement
-from twinkle.infra.ray_errors import EarlierCallError, RemoteError
+from twinkle.infra.ray.errors import EarlierCallError, RemoteError
 from twinkle.infra.remote import (
     EXECUTE_MODES,
     RemoteClassSpec,

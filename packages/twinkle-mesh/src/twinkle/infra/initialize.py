@@ -43,7 +43,7 @@ def initialize(
     numpy and torch (when installed) with the same value on every rank.
 
     ``'ray'`` attaches this driver to a Ray cluster, or starts a local one (see
-    ``twinkle.infra.ray_runtime``), checks that the cluster can hold every group
+    ``twinkle.infra.ray.runtime``), checks that the cluster can hold every group
     (a clear error names the group and what is missing) and reserves a placement
     group per DeviceGroup. Components built with ``remote_group=`` then live on
     the group's workers; without it they run here. Options: ``address`` (a Ray
@@ -65,8 +65,8 @@ def initialize(
         raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(map(repr, MODES))}")
     device_groups = validate_device_groups(groups or [])
     _check_arguments(nproc_per_node, global_device_mesh, lazy_collect, seed)
-    if "twinkle.infra.ray_runtime" in sys.modules:  # leave no workers of an earlier run behind
-        sys.modules["twinkle.infra.ray_runtime"].shutdown()
+    if "twinkle.infra.ray.runtime" in sys.modules:  # leave no workers of an earlier run behind
+        sys.modules["twinkle.infra.ray.runtime"].shutdown()
     if mode in ("ray", "http"):
         start = _start_ray if mode == "ray" else _attach_ray_for_http
         start(device_groups, nproc_per_node, global_device_mesh, lazy_collect, kwargs)
@@ -112,9 +112,9 @@ def _start_ray(
     options: dict[str, Any],
 ) -> None:
     _check_ray_options("ray", options)
-    from twinkle.infra import ray_runtime
+    from twinkle.infra.ray import runtime  # here: Ray is an optional extra
 
-    ray_runtime.start(
+    runtime.start(
         groups,
         nproc_per_node=nproc_per_node,
         global_device_mesh=mesh,
@@ -140,7 +140,7 @@ def _attach_ray_for_http(
         )
     import ray
 
-    from twinkle.infra.ray_resources import check_groups_fit
+    from twinkle.infra.ray.resources import check_groups_fit  # ray mode's, imported with Ray
 
     if not ray.is_initialized():
         ray.init(address=options.get("address"), **(options.get("ray_init_kwargs") or {}))

@@ -64,7 +64,7 @@ def get_device_placement() -> str:
         lines += ["Device groups:", *_table(headers, rows)]
     else:
         lines.append("Device groups: none")
-    runtime = sys.modules.get("twinkle.infra.ray_runtime")  # loaded only in ray mode
+    runtime = sys.modules.get("twinkle.infra.ray.runtime")  # loaded only in ray mode
     if runtime is not None and get_mode() == "ray":
         lines += runtime.describe(_table)
     lines.append("")

@@ -11,7 +11,7 @@ object, its MRO, ``super()`` and pickling stay exactly as the user wrote them.
 
 ``_intercept_construction`` is the one place that changes how a remote class
 is built: in the ray-mode driver, its ``__new__`` returns a RemoteComponent
-(``twinkle.infra.ray_component``) instead of an instance when a
+(``twinkle.infra.ray.component``) instead of an instance when a
 ``remote_group`` is given; Python then skips ``__init__``, which runs on the
 group's workers instead. Everywhere else ``__new__`` builds the object as usual.
 """
@@ -151,7 +151,8 @@ def _intercept_new(cls: type) -> None:
         remote_group = kwargs.get("remote_group")
         if remote_group is not None and _builds_remotely(remote_group):
             _check_remote_group(remote_group)
-            from twinkle.infra.ray_component import build_remote
+            # Here, not at the top: Ray is an optional extra, and component imports this module.
+            from twinkle.infra.ray.component import build_remote
 
             kwargs.pop("remote_group")
             return build_remote(klass, args, kwargs, remote_group)

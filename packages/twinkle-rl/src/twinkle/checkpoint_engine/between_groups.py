@@ -161,7 +161,7 @@ class GroupBroadcast:
         return self.sender.weight_shapes(), self.receiver.weight_shapes()
 
     def connect(self) -> None:
-        from twinkle.infra.ray_component import wait_for
+        from twinkle.infra.ray.component import wait_for
 
         world_size = 1 + self.receiver.group_size()
         host, port = self.sender.open(world_size)
@@ -174,7 +174,7 @@ class GroupBroadcast:
         self, merge_and_sync: bool, adapter_name: str | None, with_base: bool
     ) -> TransferStats:
         """One sync (``with_base``: send the plain base weights before the adapter)."""
-        from twinkle.infra.ray_component import wait_for
+        from twinkle.infra.ray.component import wait_for
 
         if not self.connected:
             self.connect()

@@ -163,7 +163,7 @@ def _ingress_deployment() -> Any:
 
 def _release(app: Any) -> None:
     """Stop the replica's services and release the groups' workers and placement groups."""
-    from twinkle.infra import ray_runtime
+    from twinkle.infra.ray import runtime as ray_runtime
 
     app.state.twinkle.close()
     ray_runtime.shutdown()

@@ -22,10 +22,12 @@ import ray
 
 from twinkle.infra.collect import collect
 from twinkle.infra.dispatch import dispatch
-from twinkle.infra.ray_errors import CallSite
-from twinkle.infra.ray_lazy import SELF, CallInfo, LazyResult, fetch, holds_remote_values
-from twinkle.infra.ray_runtime import get_runtime
-from twinkle.infra.ray_traffic import record_received, record_sent
+from twinkle.infra.ray.calls import CallInfo, fetch
+from twinkle.infra.ray.errors import CallSite
+from twinkle.infra.ray.handles import SELF, ComponentRef, RemoteHandle, holds_remote_values
+from twinkle.infra.ray.lazy import LazyResult
+from twinkle.infra.ray.runtime import get_runtime
+from twinkle.infra.ray.traffic import record_received, record_sent
 from twinkle.infra.remote import RemoteSpec, find_remote_spec
 from twinkle.infra.state import get_lazy_collect
 from twinkle.mesh import DeviceMesh
@@ -34,19 +36,7 @@ _EAGER = ("__len__", "__iter__")  # Python needs their values now
 _STATUS_EAGER = ("__next__",)  # the driver must know about StopIteration; the batch may wait
 
 
-class ComponentRef:
-    """How a RemoteComponent travels to a worker: the group and the instance id there."""
-
-    __slots__ = ("group", "instance_id", "describe")
-
-    def __init__(self, group: str, instance_id: int, describe: str) -> None:
-        self.group, self.instance_id, self.describe = group, instance_id, describe
-
-    def __reduce__(self):
-        return ComponentRef, (self.group, self.instance_id, self.describe)
-
-
-class RemoteComponent:
+class RemoteComponent(RemoteHandle):
     """A driver-side handle on a component built on a DeviceGroup's workers."""
 
     def __init__(self, cls: type, group: Any, instance_id: int, ranks: list[int], mesh: Any):
@@ -58,7 +48,7 @@ class RemoteComponent:
     def build(cls: type, args: tuple, kwargs: dict, group_name: str) -> RemoteComponent:
         site = CallSite.here()
         runtime = get_runtime()
-        runtime.raise_earlier_failures(before=(f"{cls.__name__}(...)", site))
+        runtime.pending.raise_earlier_failures(before=(f"{cls.__name__}(...)", site))
         group = runtime.group(group_name)
         group.ensure_started()
         execute = cls.__twinkle_remote_class__.execute
@@ -93,7 +83,8 @@ class RemoteComponent:
     def _call(self, name: str, spec: RemoteSpec, *args: Any, **kwargs: Any) -> Any:
         site = CallSite.here()
         cls, group, instance_id, ranks, mesh = self._twinkle
-        get_runtime().raise_earlier_failures(before=(f"{cls.__name__}.{name}", site))
+        runtime = get_runtime()
+        runtime.pending.raise_earlier_failures(before=(f"{cls.__name__}.{name}", site))
         group.check_alive()
         if spec.execute == "first":
             ranks = ranks[:1]
@@ -127,10 +118,10 @@ class RemoteComponent:
         if spec.sync or name in _STATUS_EAGER:
             fetch(statuses, ranks, info)
         else:
-            get_runtime().pending.append((statuses, ranks, info))
+            runtime.pending.add(statuses, ranks, info)
         if spec.collect == "first":
             refs, ranks = refs[:1], ranks[:1]
-        return LazyResult(refs, ranks, spec.collect, call_mesh, info)
+        return LazyResult(refs, ranks, spec.collect, call_mesh, info, runtime.pending)
 
     def _collected(self, spec: RemoteSpec, values: list, mesh: DeviceMesh | None) -> Any:
         result = collect(spec.collect, values, mesh)
@@ -211,7 +202,7 @@ def wait_for(*results: LazyResult) -> list[Any]:
     groups (both ends of a transfer), started lazily and then awaited together."""
     refs = [ref for result in results for ref in result.refs]
     ray.wait(refs, num_returns=len(refs), fetch_local=False)
-    get_runtime().raise_earlier_failures()
+    get_runtime().pending.raise_earlier_failures()
     return [result.resolve() for result in results]
 
 

@@ -19,9 +19,10 @@ from typing import Any
 import ray
 
 from twinkle.infra.dispatch import dispatch
-from twinkle.infra.ray_env import WorkerInfo, accelerator_ids
-from twinkle.infra.ray_errors import Failure
-from twinkle.infra.ray_lazy import SELF, resolve_inputs
+from twinkle.infra.ray.env import WorkerInfo, accelerator_ids
+from twinkle.infra.ray.errors import Failure
+from twinkle.infra.ray.handles import SELF
+from twinkle.infra.ray.lazy import resolve_inputs
 from twinkle.infra.state import set_state
 from twinkle.mesh import DeviceGroup, DeviceMesh, Platform
 

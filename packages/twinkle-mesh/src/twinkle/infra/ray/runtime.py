@@ -18,11 +18,11 @@ from typing import Any
 
 import ray
 
-from twinkle.infra import ray_lazy
-from twinkle.infra.ray_errors import Before, RemoteError
-from twinkle.infra.ray_group import WorkerGroup
-from twinkle.infra.ray_lazy import CallInfo, fetch
-from twinkle.infra.ray_resources import check_groups_fit
+from twinkle.infra.ray import calls
+from twinkle.infra.ray.calls import PendingCalls
+from twinkle.infra.ray.errors import RemoteError
+from twinkle.infra.ray.resources import check_groups_fit
+from twinkle.infra.ray.worker_group import WorkerGroup
 from twinkle.mesh import DeviceGroup, DeviceMesh
 from twinkle.utils import get_logger
 
@@ -32,11 +32,11 @@ _EXIT_WAIT_S = 30.0
 
 
 class RayRuntime:
-    """Groups by name, and the status refs of lazy calls whose errors are not yet seen."""
+    """Groups by name, and the lazy calls whose errors are not yet seen."""
 
     def __init__(self, groups: dict[str, WorkerGroup]) -> None:
         self.groups = groups
-        self.pending: list[tuple[list, list[int], CallInfo]] = []
+        self.pending = PendingCalls()
         self.next_instance_id = 0
 
     def group(self, name: str) -> WorkerGroup:
@@ -47,27 +47,6 @@ class RayRuntime:
                 f"{known}); add DeviceGroup(name={name!r}, ...) to groups="
             )
         return self.groups[name]
-
-    def raise_earlier_failures(self, timeout: float = 0, before: Before | None = None) -> None:
-        """Raise the error of a finished lazy call that failed (each is reported once);
-        ``timeout`` is how long to wait for calls still running; ``before`` is the call about
-        to run (what, call site), which the error says did not run."""
-        if not self.pending:
-            return
-        refs = [ref for statuses, _, _ in self.pending for ref in statuses]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
-        done = set(ready)
-        still, finished = [], []
-        for entry in self.pending:
-            (finished if all(r in done for r in entry[0]) else still).append(entry)
-        self.pending = still
-        for statuses, ranks, info in finished:
-            fetch(statuses, ranks, info, before)
-
-    def forget(self, info: CallInfo) -> None:
-        """Drop the pending status of a call whose failure its caller already got (by
-        reading its result), so that the next call does not report it again."""
-        self.pending = [entry for entry in self.pending if entry[2] is not info]
 
     def on_dead_worker(self, group: str, rank: int, cause: str) -> None:
         if group in self.groups and self.groups[group].broken is None:
@@ -140,7 +119,7 @@ def start(
             done.shutdown()
         raise
     _runtime = RayRuntime(built)
-    ray_lazy.on_dead_worker = _runtime.on_dead_worker
+    calls.on_dead_worker = _runtime.on_dead_worker
 
 
 def _join_ray(address: str | None, kwargs: dict[str, Any]) -> None:
@@ -186,9 +165,9 @@ def shutdown() -> None:
     if _runtime is None:
         return
     runtime, _runtime = _runtime, None
-    ray_lazy.on_dead_worker = None
+    calls.on_dead_worker = None
     try:
-        runtime.raise_earlier_failures()
+        runtime.pending.raise_earlier_failures()
     except RemoteError as exc:
         logger.error(f"a remote call failed and its result was never used: {exc}")
     finally:
@@ -229,7 +208,7 @@ def _report_at_exit() -> None:
     if _runtime is None or not ray.is_initialized():
         return
     try:
-        _runtime.raise_earlier_failures(timeout=_EXIT_WAIT_S)
+        _runtime.pending.raise_earlier_failures(timeout=_EXIT_WAIT_S)
     except RemoteError as exc:
         logger.error(f"a remote call failed and its result was never used: {exc}")
 

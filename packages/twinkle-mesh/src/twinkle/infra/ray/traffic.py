@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from twinkle.infra.ray.handles import RemoteHandle, holds_remote_values
+
 OBJECT_ID_BYTES = 28
 
 
@@ -38,20 +40,16 @@ def count_driver_traffic() -> Iterator[DriverTraffic]:
 
 def size_of(value: object) -> int:
     """Pickled size, with lazy results and component references counted as their ids."""
-    from twinkle.infra.ray_lazy import LazyResult, holds_remote_values
-
-    if isinstance(value, LazyResult):
-        return OBJECT_ID_BYTES * len(value.refs)
-    if not holds_remote_values(value):
-        try:
-            return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:  # a value only Ray's pickler handles (an object ref): its id
-            return OBJECT_ID_BYTES
-    if isinstance(value, list | tuple):
+    if isinstance(value, RemoteHandle):
+        return OBJECT_ID_BYTES * value._object_ids()
+    if isinstance(value, list | tuple) and holds_remote_values(value):
         return sum(size_of(item) for item in value)
-    if isinstance(value, dict):
+    if isinstance(value, dict) and holds_remote_values(value):
         return sum(size_of(k) + size_of(v) for k, v in value.items())
-    return OBJECT_ID_BYTES  # a component reference
+    try:
+        return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # a value only Ray's pickler handles (an object ref): its id
+        return OBJECT_ID_BYTES
 
 
 def record_sent(value: object) -> None:

@@ -16,10 +16,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from twinkle.infra.ray_env import WorkerInfo, worker_envs
-from twinkle.infra.ray_errors import Failure, RemoteError
-from twinkle.infra.ray_resources import bundle_of
-from twinkle.infra.ray_worker import RankWorker
+from twinkle.infra.ray.env import WorkerInfo, worker_envs
+from twinkle.infra.ray.errors import Failure, RemoteError
+from twinkle.infra.ray.rank_worker import RankWorker
+from twinkle.infra.ray.resources import bundle_of
 from twinkle.mesh import DeviceGroup, DeviceMesh
 
 PLACEMENT_TIMEOUT_S = 60.0
