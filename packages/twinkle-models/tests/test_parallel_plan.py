@@ -40,6 +40,18 @@ def test_one_process_gets_a_plan_that_wraps_nothing_and_enables_checkpointing():
     assert len(decoder_layers(model)) == model.config.num_hidden_layers
 
 
+def test_one_process_plan_runs_batches_whole_and_counts_tokens_as_they_are():
+    """The hooks the training step asks: without Ulysses, batches and counts stay as they are."""
+    model = TransformersModel(MODEL_ID, device="cpu").model
+    plan = parallelize(model, DeviceMesh.from_sizes(dp_size=1, device_type="cpu"))
+    batch = {"input_ids": torch.ones(2, 5, dtype=torch.long)}
+    assert plan.prepare_batch(batch) is None and not plan.splits_sequences
+    router_logits = [torch.randn(10, 4)]
+    assert plan.finish_router_logits(None, router_logits) is router_logits
+    assert plan.reports_metrics
+    assert plan.global_tokens(7.0) == 7.0 and plan.tokens_per_rank() == 1.0
+
+
 def test_mixed_precision_policy_computes_low_and_reduces_in_float32():
     bf16 = mixed_precision_policy("bf16")
     assert bf16.param_dtype == torch.bfloat16 and bf16.reduce_dtype == torch.float32

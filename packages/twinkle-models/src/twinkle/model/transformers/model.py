@@ -7,8 +7,10 @@ Parallel strategies (DDP, FSDP2/HSDP, sequence and expert parallel) are applied 
 the plain model from the DeviceMesh by ``strategy.parallelize``, once, on the first
 ``set_optimizer`` or forward: every adapter must be added before that under torchrun
 (FSDP2 shards the parameters in place and DDP registers them). This class holds no
-parallelism logic: it runs forwards through the plan, totals the token count and the
-metrics over the data-parallel ranks, and lets the plan clip the global norm.
+parallelism logic: it runs forwards through the plan, and asks the plan's hooks
+(``ParallelPlan``) how to prepare a batch and finish its outputs, whether this rank
+reports the metrics, the global token count, the extra gradient reductions and the
+global norm. Embedding training (``task='embedding'``) is ``embedding_model``'s.
 """
 
 from __future__ import annotations
@@ -25,41 +27,30 @@ from transformers import PreTrainedModel
 
 from twinkle.data_format import ModelOutput
 from twinkle.infra import get_global_device_mesh, remote_class, remote_function
-from twinkle.loss import (
-    CrossEntropyLoss,
-    chunked_logps,
-    logps_from_logits,
-    prefers_chunked,
-)
+from twinkle.loss import chunked_logps, logps_from_logits, prefers_chunked
 from twinkle.mesh import DeviceMesh, Platform
-from twinkle.metric import MetricCollection
 from twinkle.model.base import TwinkleModel
 from twinkle.model.batch_dispatch import slice_dp_rows
 from twinkle.model.components import TrainUnitsMixin
-from twinkle.model.embedding import check_pooling, group_labels, pool, sequence_bounds
+from twinkle.model.embedding import check_pooling
 from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
+from twinkle.model.transformers.embedding_model import MODEL_INPUT_KEYS, EmbeddingModelMixin
 from twinkle.model.transformers.loading import load_causal_lm
-from twinkle.model.transformers.moe import sync_expert_gradients
 from twinkle.model.transformers.router_aux_loss import (
     record_router_logits,
     router_aux_loss,
     wants_router_aux_loss,
 )
 from twinkle.model.transformers.strategy import ParallelPlan, parallelize
-from twinkle.model.transformers.strategy.sequence_parallel import (
-    SequenceShard,
-    sequence_parallel_of,
-)
 from twinkle.model.unit_random import derived_seed, seeded
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.patch import apply_for_batch
 from twinkle.utils import get_logger
 
 logger = get_logger()
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 TASKS = ("causal_lm", "embedding")
 
 
@@ -71,7 +62,7 @@ def _default_device() -> torch.device:
 
 
 @remote_class(execute="all")
-class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
+class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin, TwinkleModel):
     """A causal LM from a hub id, a local folder or a bundled id (``bundled://tiny-qwen3``).
 
     ``mixed_precision='auto'`` autocasts to bf16 where the device computes it
@@ -360,32 +351,30 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         base = self._hf_model()
         if not wants_router_aux_loss(base):
             return self._model_outputs(batch, {})[0]
-        # transformers' in-forward aux loss would see a shard under SP: record and compute here.
+        # transformers' in-forward aux loss would see only this rank's part of a batch the plan
+        # splits: record the router logits, have the plan finish them, and compute it here.
         with record_router_logits(base) as router_logits:
-            outputs, shard = self._model_outputs(batch, {"output_router_logits": False})
-        if not router_logits:
-            raise ValueError(
-                "output_router_logits=True but no router returned logits; with expert "
-                "parallel, set ExpertParallelConfig(keep_router_logits=True)"
-            )
-        if shard is not None:
-            router_logits = shard.full_router_logits(router_logits)
+            outputs, part = self._model_outputs(batch, {"output_router_logits": False})
+        router_logits = self._parallel().finish_router_logits(part, router_logits)
         outputs["aux_loss"] = router_aux_loss(base, router_logits, batch.get("attention_mask"))
         return outputs
 
-    def _model_outputs(self, batch: dict, extra: dict) -> tuple[dict, SequenceShard | None]:
+    def _model_outputs(self, batch: dict, extra: dict) -> tuple[dict, Any]:
+        """The forward's outputs, and the part of the batch this rank ran when the plan
+        prepared one (None: the whole batch)."""
         model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
         model_inputs.update(extra)
         labels = batch.get("labels")
         base = self._hf_model()
         # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
         apply_for_batch(base, batch)
-        sequence_parallel = sequence_parallel_of(base)
-        if sequence_parallel is not None:  # Ulysses: this rank runs its shard of the sequence
-            inputs, shard = sequence_parallel.shard(batch, base.get_input_embeddings().weight.dtype)
+        plan = self._parallel()
+        prepared = plan.prepare_batch(batch)
+        if prepared is not None:  # this rank runs a part of the batch; the plan finishes it
+            inputs, part = prepared
             with autocast(self.precision, self.device.type):
                 logits = self.model(**inputs, **extra, use_cache=False).logits
-                return shard.outputs(logits), shard
+                return plan.finish_outputs(part, logits), part
         head = base.get_output_embeddings()
         chunked = (
             labels is not None
@@ -441,88 +430,6 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
             )
         return task
 
-    def _embed(self, batch: dict) -> dict[str, torch.Tensor]:
-        """Run the backbone alone (no LM head, no logits) and pool one embedding per sequence,
-        with the batch's real-token count for throughput."""
-        if sequence_parallel_of(self._hf_model()) is not None:
-            raise NotImplementedError(
-                "task='embedding' does not run under Ulysses sequence parallel; build the "
-                "embedding model's DeviceMesh without ulysses_size"
-            )
-        bounds = sequence_bounds(batch)
-        backbone = self._hf_model().base_model
-        if bounds.packed() and not any(getattr(m, "is_causal", False) for m in backbone.modules()):
-            raise ValueError(
-                f"{type(backbone).__name__} attends in both directions, so sequences packed "
-                "into one row would see each other; collate with "
-                "InputProcessor(padding_free=False)"
-            )
-        model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
-        with autocast(self.precision, self.device.type):
-            hidden = backbone(**model_inputs).last_hidden_state
-        return {
-            "embeddings": pool(hidden, bounds, self.embedding_pooling),
-            "input_tokens": bounds.valid.sum(),
-        }
-
-    def _embedding_pass(
-        self,
-        inputs: Any,
-        state: TrainState,
-        metrics: MetricCollection,
-        backward: bool,
-        **loss_kwargs: Any,
-    ) -> ModelOutput:
-        """``task='embedding'``: pool, then, when the batch carries group labels, the loss on
-        ``({'labels': (N,)}, {'embeddings': (N, H)})``, its backward and the metrics.
-
-        The loss's ``num_tokens`` (anchors, for InfonceLoss) is the normaliser that
-        accumulates until the step, as label tokens do for a language-model loss.
-        """
-        if not isinstance(inputs, Mapping) and not hasattr(inputs, "keys"):
-            inputs = list(inputs)  # read twice: collated, and for the group labels
-        batch = self._collate(inputs, state)
-        if isinstance(inputs, Mapping) and torch.is_tensor(inputs.get("input_ids")):
-            labels = batch.get("labels")  # a collated batch: labels are the (N,) group flags
-        else:
-            labels = group_labels([inputs] if hasattr(inputs, "keys") else inputs)
-        if labels is None and backward:
-            raise ValueError(
-                "task='embedding' training needs group labels: give each feature "
-                "'embedding_label' (1 for a group's anchor, 0 for its positive and hard "
-                "negatives), or give a collated batch labels of shape (N,)"
-            )
-        final = self._steps_now(state) if backward else None
-        outputs = self._run(state, self._embed, batch, final_backward=final)
-        input_tokens = outputs.pop("input_tokens")
-        embeddings = outputs["embeddings"]
-        if labels is None:
-            return ModelOutput(embeddings=embeddings.detach().float().cpu())
-        labels = torch.as_tensor(labels, device=self.device)
-        if labels.ndim != 1 or labels.numel() != embeddings.shape[0]:
-            raise ValueError(
-                f"the batch holds {embeddings.shape[0]} sequences but its group labels have "
-                f"shape {tuple(labels.shape)}; give one flag per sequence"
-            )
-        if isinstance(state.loss, CrossEntropyLoss):
-            raise ValueError(
-                "task='embedding' needs an embedding loss: call set_loss(InfonceLoss, "
-                "temperature=...) (the default CrossEntropyLoss trains next-token prediction)"
-            )
-        loss_inputs = {"labels": labels}
-        loss, anchors = self._loss(loss_inputs, outputs, state, **loss_kwargs)
-        if backward:
-            loss.backward()
-            state.pending_tokens += anchors
-        metrics.accumulate(
-            loss_inputs, outputs, loss=loss.detach(), num_tokens=anchors, input_tokens=input_tokens
-        )
-        return ModelOutput(
-            loss=float(loss.detach()) / anchors,
-            embeddings=embeddings.detach().float().cpu(),
-            num_tokens=anchors,
-        )
-
     @remote_function(dispatch=slice_dp_rows, collect="first")
     def forward_backward(
         self,
@@ -537,7 +444,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
 
         Returns the mean loss over this call's tokens and per-token logps
         (detached, aligned with the labels). ``task='embedding'`` trains an embedding
-        model instead (``_embedding_pass``) and returns the pooled ``embeddings``; it takes
+        model instead (``embedding_model``) and returns the pooled ``embeddings``; it takes
         no ``micro_batch_size``, since a contrastive loss scores each row against the whole
         batch: smaller batches are a different loss, not a split of this one.
         """
@@ -547,12 +454,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         if state.window_start is None:
             state.window_start = time.perf_counter()
         if self._check_task(task) == "embedding":
-            if micro_batch_size is not None:
-                raise ValueError(
-                    "task='embedding' takes no micro_batch_size: in-batch negatives make the "
-                    "loss of a split batch differ; pass smaller batches instead"
-                )
-            return self._embedding_pass(inputs, state, state.metrics, backward=True, **loss_kwargs)
+            return self._embedding_forward_backward(inputs, state, micro_batch_size, **loss_kwargs)
         batch = self._collate(inputs, state)
         loss_kwargs = align_loss_inputs(batch, loss_kwargs)
         loss_sum, tokens, logps = 0.0, 0.0, []
@@ -587,9 +489,8 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
             )
 
     def _counts_batch_metrics(self) -> bool:
-        """Ulysses peers hold one batch between them: one of them counts it in the metrics."""
-        sequence_parallel = sequence_parallel_of(self._hf_model())
-        return sequence_parallel is None or sequence_parallel.rank == 0
+        """Whether this rank counts its batch in the metrics (the plan's peers may share one)."""
+        return self._parallel().reports_metrics
 
     # The three-call form of forward_backward, for loops that inspect outputs or the loss
     # before backward: forward(inputs); calculate_loss(**kw); backward().
@@ -658,7 +559,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None
         if self._check_task(task) == "embedding":
-            return self._embedding_pass(inputs, state, eval_metrics, backward=False, **loss_kwargs)
+            return self._embedding_forward_only(inputs, state, **loss_kwargs)
         batch = self._collate(inputs, state)
         outputs = self._run(state, self._forward, batch)
         loss = None
@@ -692,15 +593,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                 f"with clip_grad_and_step and set gradient_accumulation_steps in "
                 f"add_adapter_to_model (or before the window's first forward_backward)"
             )
-        tokens = plan.all_reduce_sum(state.pending_tokens)
-        # Ulysses peers each counted their shared batch's tokens: count them once.
-        sequence_parallel = sequence_parallel_of(self._hf_model())
-        tokens /= sequence_parallel.size if sequence_parallel is not None else 1
+        tokens = plan.global_tokens(state.pending_tokens)
         state.pending_tokens = 0.0
         if tokens <= 0:
             return
-        if plan.kind == "ddp":  # expert-parallel weights are outside DDP: reduce them here
-            sync_expert_gradients(self._hf_model())
+        plan.reduce_extra_gradients()
         scale = plan.gradient_ranks / tokens
         for group in state.optimizer.param_groups:
             for param in group["params"]:
@@ -708,11 +605,9 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, TwinkleModel):
                     param.grad.mul_(scale)
 
     def _summed_loss_tokens(self) -> float:
-        """Each rank's share of a global token count of 1 (``_normalise_gradients`` totals the
-        ranks' counts, then divides by the Ulysses peers), for ``step_with(normalise=False)``."""
-        sequence_parallel = sequence_parallel_of(self._hf_model())
-        peers = sequence_parallel.size if sequence_parallel is not None else 1
-        return peers / self._parallel().gradient_ranks
+        """Each rank's share of a global token count of 1 (``_normalise_gradients`` asks the
+        plan for the global count), for ``step_with(normalise=False)``."""
+        return self._parallel().tokens_per_rank()
 
     def _require_optimizer(self, state: TrainState, action: str) -> torch.optim.Optimizer:
         if state.optimizer is None:

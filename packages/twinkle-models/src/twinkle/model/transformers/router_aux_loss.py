@@ -63,6 +63,11 @@ def router_aux_loss(
 ) -> torch.Tensor:
     """transformers' ``load_balancing_loss_func`` of ``model``'s family on full-sequence
     router logits; ``attention_mask`` (B, T) keeps padding out of the expert statistics."""
+    if not router_logits:
+        raise ValueError(
+            "output_router_logits=True but no router returned logits; with expert "
+            "parallel, set ExpertParallelConfig(keep_router_logits=True)"
+        )
     function = getattr(sys.modules[type(model).__module__], "load_balancing_loss_func", None)
     if function is None:
         raise NotImplementedError(

@@ -16,9 +16,14 @@ import torch.distributed as dist
 from torch import nn
 
 from twinkle.mesh import DeviceMesh
+from twinkle.model.transformers.moe import sync_expert_gradients
 from twinkle.model.transformers.strategy.ddp import apply_ddp, set_ddp_gradient_sync
 from twinkle.model.transformers.strategy.fsdp import apply_fsdp, set_fsdp_gradient_sync
 from twinkle.model.transformers.strategy.grads import clip_grad_norm
+from twinkle.model.transformers.strategy.sequence_parallel import (
+    SequenceParallelStrategy,
+    SequenceShard,
+)
 
 SUPPORTED_DIMS = ("dp", "fsdp")
 KINDS = ("single", "ddp", "fsdp", "hsdp")
@@ -31,6 +36,13 @@ class ParallelPlan:
     hooks see it; ``set_gradient_sync`` turns the gradient reduction of the next
     backward on or off; ``all_reduce_sum`` totals a number over the data-parallel ranks;
     ``gradient_ranks`` is how many ranks DDP/FSDP average gradients over.
+
+    The model's training step asks the plan wherever a strategy changes what it computes:
+    ``prepare_batch`` and ``finish_outputs`` / ``finish_router_logits`` around a forward
+    (Ulysses SP runs a slice of the sequence and gathers the outputs), ``reports_metrics``
+    (SP peers share one batch), ``global_tokens`` and ``tokens_per_rank`` (the normaliser:
+    SP peers count their batch once) and ``reduce_extra_gradients`` (expert-parallel
+    weights, which DDP leaves out).
     """
 
     def __init__(
@@ -41,6 +53,7 @@ class ParallelPlan:
         group: dist.ProcessGroup | None = None,
         fsdp_root: nn.Module | None = None,
         ddp_config: Mapping[str, Any] | None = None,
+        sequence_parallel: SequenceParallelStrategy | None = None,
     ) -> None:
         self.model = model
         self.kind = kind
@@ -48,6 +61,7 @@ class ParallelPlan:
         self.fsdp_root = fsdp_root
         self.ddp_config = dict(ddp_config or {})
         self._ddp_roots: dict[str, nn.Module] = {}
+        self.sequence_parallel = sequence_parallel
 
     @property
     def distributed(self) -> bool:
@@ -80,6 +94,61 @@ class ParallelPlan:
         elif self.sharded:
             set_fsdp_gradient_sync(self.fsdp_root, sync)
 
+    # ---- hooks of the training step ----------------------------------------------------
+
+    @property
+    def splits_sequences(self) -> bool:
+        """Whether a forward runs a slice of each sequence on this rank (Ulysses SP)."""
+        return self.sequence_parallel is not None
+
+    def prepare_batch(self, batch: dict) -> tuple[dict, SequenceShard] | None:
+        """The model inputs this rank runs for ``batch`` and the part they are of, which
+        ``finish_outputs`` turns back into the whole batch's outputs; None when the rank runs
+        the batch as it is. Under Ulysses SP: this rank's slice of the sequence."""
+        if self.sequence_parallel is None:
+            return None
+        embed_dtype = _hf_model(self.model).get_input_embeddings().weight.dtype
+        return self.sequence_parallel.shard(batch, embed_dtype)
+
+    def finish_outputs(self, part: SequenceShard, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch's outputs (``{'logps', 'pred_ids'}`` with labels, else ``{'logits'}``)
+        from the logits of the ``part`` that ``prepare_batch`` gave this rank."""
+        return part.outputs(logits)
+
+    def finish_router_logits(
+        self, part: SequenceShard | None, router_logits: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Each MoE layer's router logits for the whole batch, from those of this rank's
+        ``part`` (None: the batch was run whole, and they are returned as they are)."""
+        return router_logits if part is None else part.full_router_logits(router_logits)
+
+    @property
+    def reports_metrics(self) -> bool:
+        """Whether this rank counts its batch in the metrics: Ulysses peers hold one batch
+        between them, and one of them counts it."""
+        return self.sequence_parallel is None or self.sequence_parallel.rank == 0
+
+    def global_tokens(self, local_tokens: float) -> float:
+        """The global batch's token count from each rank's own count: summed over the ranks,
+        with a batch that Ulysses peers each counted counted once. A collective."""
+        tokens = self.all_reduce_sum(local_tokens)
+        return tokens / (self.sequence_parallel.size if self.sequence_parallel is not None else 1)
+
+    def tokens_per_rank(self) -> float:
+        """Each rank's share of a global token count of 1: what ``global_tokens`` totals to
+        1 when every rank passes it (``step_with(normalise=False)``)."""
+        peers = self.sequence_parallel.size if self.sequence_parallel is not None else 1
+        return peers / self.gradient_ranks
+
+    def reduce_extra_gradients(self) -> None:
+        """The gradient reductions the strategy's wrapper leaves out, after the last backward
+        before a step: under DDP, expert-parallel weights (outside DDP) over the ranks holding
+        the same experts. A collective."""
+        if self.kind == "ddp":
+            sync_expert_gradients(_hf_model(self.model))
+
+    # ---- collectives ----------------------------------------------------------------------
+
     def all_reduce_sum(self, value: float) -> float:
         if not self.distributed:
             return value
@@ -97,6 +166,10 @@ class ParallelPlan:
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         return clip_grad_norm(params, max_norm)
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _comm_device(group: dist.ProcessGroup | None) -> torch.device:
@@ -166,12 +239,9 @@ def parallelize(
         from twinkle.model.transformers.moe.expert_parallel import apply_expert_parallel
 
         apply_expert_parallel(model, device_mesh, expert_parallel)
+    sequence_strategy = None
     if device_mesh.size("ulysses") > 1:
-        from twinkle.model.transformers.strategy.sequence_parallel import (
-            SequenceParallelStrategy,
-        )
-
-        SequenceParallelStrategy(device_mesh, sequence_parallel).apply(model)
+        sequence_strategy = SequenceParallelStrategy(device_mesh, sequence_parallel).apply(model)
     _enable_activation_checkpointing(model, gradient_checkpointing)
     torch_mesh = device_mesh.to_torch()
     dp, fsdp = device_mesh.size("dp"), device_mesh.size("fsdp")
@@ -179,8 +249,20 @@ def parallelize(
         kind = "hsdp" if dp > 1 else "fsdp"
         shard_mesh = torch_mesh["dp", "fsdp"] if dp > 1 else torch_mesh["fsdp"]
         root = apply_fsdp(model, shard_mesh, precision)
-        return ParallelPlan(model, kind, group=dist.group.WORLD, fsdp_root=root)
-    return ParallelPlan(model, "ddp", group=torch_mesh["dp"].get_group(), ddp_config=ddp_config)
+        return ParallelPlan(
+            model,
+            kind,
+            group=dist.group.WORLD,
+            fsdp_root=root,
+            sequence_parallel=sequence_strategy,
+        )
+    return ParallelPlan(
+        model,
+        "ddp",
+        group=torch_mesh["dp"].get_group(),
+        ddp_config=ddp_config,
+        sequence_parallel=sequence_strategy,
+    )
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
