@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from twinkle.data_format import Trajectory
-from twinkle.dataset import DataRowError, Dataset, DatasetMeta
+from twinkle.dataset import DataRowError, Dataset, DatasetMeta, StageError
 from twinkle.preprocessor import Filter, Preprocessor, SelfCognitionProcessor
 
 SELF_COGNITION = [
@@ -346,6 +346,14 @@ def test_steps_out_of_order_say_what_to_do():
     dataset.map(SelfCognitionProcessor("A", "B"))
     with pytest.raises(RuntimeError, match=r"has no template: call set_template"):
         dataset.encode()
+
+
+def test_a_step_out_of_order_is_also_a_value_error():
+    """So a service running the dataset for a client answers it as the client's mistake."""
+    dataset = Dataset(DatasetMeta(data=SELF_COGNITION))
+    with pytest.raises(StageError) as caught:
+        dataset.encode()
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
 
 
 # ---- storage round trip ------------------------------------------------------------------

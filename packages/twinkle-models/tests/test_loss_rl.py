@@ -265,3 +265,22 @@ def test_grpo_token_terms_follow_the_formula(logps, shifts, advantage, eps):
         ratio = math.exp(s)
         expected -= min(ratio * advantage, min(max(ratio, 1 - eps), 1 + eps) * advantage)
     assert out["loss"].item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_advantages_or_old_logps_are_refused_naming_the_row(bad):
+    """One NaN or infinite value where the loss reads it would make the loss, and after the
+    step every trained weight, NaN; off the label tokens it is never read and is allowed."""
+    labels, logps, old, _, adv = make_batch()
+    poisoned = adv.clone()
+    poisoned[2] = bad
+    with pytest.raises(ValueError, match=r"advantages\[2\] holds NaN or an infinite value"):
+        GRPOLoss()({"labels": labels}, {"logps": logps}, advantages=poisoned, old_logps=old)
+    rows = [old[b][labels[b] != -100].tolist() for b in range(B)]
+    rows[1][0] = bad
+    with pytest.raises(ValueError, match=r"old_logps\[1\] holds NaN or an infinite value"):
+        GRPOLoss()({"labels": labels}, {"logps": logps}, advantages=adv, old_logps=rows)
+    off_labels = old.clone()
+    off_labels[0, 0] = bad  # a prompt position: no loss term reads it
+    out = GRPOLoss()({"labels": labels}, {"logps": logps}, advantages=adv, old_logps=off_labels)
+    assert torch.isfinite(out["loss"])

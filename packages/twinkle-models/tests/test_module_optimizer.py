@@ -158,3 +158,22 @@ def test_no_trainable_parameters_is_an_error():
 def test_non_tensor_items_are_rejected():
     with pytest.raises(TypeError, match="item 1 is str"):
         build_optimizer([nn.Parameter(torch.ones(2)), "w"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"lr": float("inf")}, "lr"),
+        ({"lr": float("nan")}, "lr"),
+        ({"lr": torch.tensor(float("inf"))}, "lr"),
+        ({"eps": float("nan")}, "eps"),
+        ({"betas": (0.9, float("nan"))}, "betas"),
+        ({"weight_decay": float("inf")}, "weight_decay"),
+    ],
+)
+def test_non_finite_optimizer_arguments_are_refused(kwargs, name):
+    """torch's range checks are comparisons: ``lr=inf`` passes them and the first step turns
+    every trained weight into NaN."""
+    with pytest.raises(ValueError, match=rf"optimizer AdamW: {name} must be a finite number"):
+        build_optimizer(Tiny(), "AdamW", **kwargs)
+    build_optimizer(Tiny(), "AdamW", lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)

@@ -182,6 +182,23 @@ def test_a_batch_without_label_tokens_is_an_error_not_nan(features):
         model.forward_backward(unlabelled)
 
 
+def test_token_ids_outside_the_vocabulary_name_the_row_and_the_vocabulary(features):
+    """Checked before the forward: past the embedding, torch raises a bare IndexError on a
+    CPU and a device-side assert on a GPU."""
+    model = TransformersModel(MODEL_ID)
+    model.add_adapter_to_model("a", lora())
+    vocab = model.model.get_input_embeddings().weight.shape[0]
+    for bad in (vocab, -1):
+        ids = list(features[1].input_ids)
+        ids[3] = bad
+        wrong = features[1].model_copy(update={"input_ids": ids})
+        message = rf"input_ids row 1 holds token id {bad}, outside .* vocabulary \[0, {vocab}\)"
+        for run in (model.forward_backward, model.forward_only):
+            with pytest.raises(ValueError, match=message):
+                run([features[0], wrong])
+    assert all(p.grad is None for p in model.model.parameters())  # nothing ran
+
+
 def test_trajectories_need_a_template():
     model = TransformersModel(MODEL_ID)
     conversation = {

@@ -14,7 +14,7 @@ padding-free training: ``PackingDataset`` and ``IterablePackingDataset``.
 """
 
 from twinkle.dataset.dataset import Dataset
-from twinkle.dataset.errors import DataRowError
+from twinkle.dataset.errors import DataRowError, StageError
 from twinkle.dataset.iterable import IterableDataset
 from twinkle.dataset.iterable_packing import IterablePackingDataset
 from twinkle.dataset.lazy import LazyDataset
@@ -30,6 +30,7 @@ __all__ = [
     "IterablePackingDataset",
     "LazyDataset",
     "PackingDataset",
+    "StageError",
     "pack_lengths",
     "packing_efficiency",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 import datasets
 
 from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
-from twinkle.dataset.errors import check_on_error
+from twinkle.dataset.errors import StageError, check_on_error
 from twinkle.dataset.loading import load
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.mixing import check_ratios, check_strategy, mix_rows
@@ -58,7 +58,7 @@ def check_stage(dataset: Any, action: str, allowed: Sequence[str]) -> None:
         ENCODED: "its rows are already encoded: map, filter and encode run before encode()",
         PACKED: "its rows are packed: packing is the last step",
     }
-    raise RuntimeError(f"cannot {action} dataset {dataset.name!r}: {hints[dataset.stage]}")
+    raise StageError(f"cannot {action} dataset {dataset.name!r}: {hints[dataset.stage]}")
 
 
 @remote_class(execute="first")
@@ -201,7 +201,7 @@ class Dataset:
         check_stage(self, "encode", (RAW, TRAJECTORY))
         check_on_error(on_error)
         if self.template is None:
-            raise RuntimeError(
+            raise StageError(
                 f"dataset {self.name!r} has no template: call set_template('Qwen3_5Template', "
                 "model_id=...) before encode()"
             )

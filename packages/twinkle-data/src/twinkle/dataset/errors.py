@@ -1,5 +1,6 @@
 """The error for a row that a preprocessor, filter or template cannot handle, and the
-policy for such rows: raise (the default) or drop them, counted and logged."""
+policy for such rows: raise (the default) or drop them, counted and logged; and the error
+for a dataset step called out of order."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import pydantic
 
 ON_ERROR = ("raise", "drop")
 OnError = Literal["raise", "drop"]
+
+
+class StageError(RuntimeError, ValueError):
+    """A dataset step called out of order (encode before set_template, map after encode).
+    A RuntimeError, as calling in the wrong order is, and a ValueError so that a service
+    running the dataset for a client answers it as the client's mistake (a 400)."""
 
 
 class DataRowError(ValueError):

@@ -10,7 +10,7 @@ import datasets
 
 from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
 from twinkle.dataset.dataset import BATCH_SIZE, check_stage
-from twinkle.dataset.errors import check_on_error
+from twinkle.dataset.errors import StageError, check_on_error
 from twinkle.dataset.loading import load
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.rows import (
@@ -106,7 +106,7 @@ class IterableDataset:
         check_stage(self, "encode", (RAW, TRAJECTORY))
         check_on_error(on_error)
         if self.template is None:
-            raise RuntimeError(
+            raise StageError(
                 f"dataset {self.name!r} has no template: call set_template(...) before encode()"
             )
         if self.stage == RAW:

@@ -9,7 +9,7 @@ from typing import Any
 
 from twinkle.dataset.auto_map import SAMPLE_ROWS, announce_auto_preprocessing
 from twinkle.dataset.dataset import check_stage
-from twinkle.dataset.errors import DataRowError, field_of, reason_of
+from twinkle.dataset.errors import DataRowError, StageError, field_of, reason_of
 from twinkle.dataset.loading import load
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.rows import (
@@ -76,7 +76,7 @@ class LazyDataset:
         recorded, after ``AutoPreprocessor``, as :meth:`Dataset.encode` does)."""
         check_stage(self, "encode", (RAW, TRAJECTORY))
         if self.template is None:
-            raise RuntimeError(
+            raise StageError(
                 f"dataset {self.name!r} has no template: call set_template(...) before encode()"
             )
         if self.stage == RAW:

@@ -87,6 +87,25 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.float64 if tensor.dtype == torch.float64 else torch.float32
 
 
+def require_finite(
+    values: torch.Tensor, labels: torch.Tensor, *, name: str, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """``values`` (one per sequence, or per token aligned with ``labels``), checked finite
+    where a loss reads them (per token: the label positions only). One NaN or infinite
+    advantage or old logp makes the loss NaN, and the step then every trained weight."""
+    read = values
+    if values.dim() == labels.dim():
+        read = torch.where(label_mask(labels, ignore_index), values, 0)
+    bad = ~torch.isfinite(read)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0][0])
+        raise ValueError(
+            f"{name}[{row}] holds NaN or an infinite value where the loss reads it; every "
+            f"{name} value of a label token (or of a sequence) must be a finite number"
+        )
+    return values
+
+
 def align_to_labels(
     values: Any,
     labels: torch.Tensor,
@@ -96,7 +115,8 @@ def align_to_labels(
     ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
     """Per-token ``values`` as a (B, T) tensor aligned with ``labels``: the one place where
-    the shapes users pass for ``old_logps`` (and the like) become the loss's.
+    the shapes users pass for ``old_logps`` (and the like) become the loss's. Every value a
+    loss reads must be finite (``require_finite``).
 
     A tensor or array must already have the labels' shape. A list holds one row per
     sequence, each either T values (already aligned) or one value per label token, placed at
@@ -106,6 +126,13 @@ def align_to_labels(
     tokens' logprobs are taken, and those tokens must be the row's label tokens. Positions
     off the labels get 0.
     """
+    aligned = _aligned(values, labels, name=name, dtype=dtype, ignore_index=ignore_index)
+    return require_finite(aligned, labels, name=name, ignore_index=ignore_index)
+
+
+def _aligned(
+    values: Any, labels: torch.Tensor, *, name: str, dtype: torch.dtype, ignore_index: int
+) -> torch.Tensor:
     if isinstance(values, torch.Tensor | np.ndarray):
         tensor = torch.as_tensor(values, dtype=dtype, device=labels.device)
         if tensor.shape != labels.shape:
@@ -206,5 +233,5 @@ def per_sequence_or_token(
                 f"{name} has {tensor.shape[0]} values but the batch has {labels.shape[0]} "
                 f"sequences; give one value per sequence (B,) or per token (B, T)"
             )
-        return tensor
+        return require_finite(tensor, labels, name=name)
     return align_to_labels(values, labels, name=name, dtype=dtype)

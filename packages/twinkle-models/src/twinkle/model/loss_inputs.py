@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from twinkle.loss import align_to_labels
+from twinkle.loss.fields import per_sequence_or_token
 
 PER_TOKEN_LOSS_INPUTS = ("old_logps",)
 """Loss arguments that hold one value per label token of each row (``twinkle.loss.base``)."""
@@ -24,11 +25,15 @@ PER_TOKEN_LOSS_INPUTS = ("old_logps",)
 def align_loss_inputs(batch: Mapping[str, Any], loss_kwargs: dict[str, Any]) -> dict[str, Any]:
     """``loss_kwargs`` with each per-token argument given as lists turned into a (B, T)
     float64 tensor on the labels' device (the loss casts it to its logps' dtype); tensors,
-    and batches without labels, are left to the loss."""
+    and batches without labels, are left to the loss. ``advantages`` are checked (one per
+    sequence or per token, finite) but left as given. A refusal here comes before the first
+    micro-batch's backward, so no gradient of a refused batch is kept."""
     labels = batch.get("labels")
     if not torch.is_tensor(labels):
         return loss_kwargs
     aligned = dict(loss_kwargs)
+    if aligned.get("advantages") is not None:  # its shape and values, before any forward
+        per_sequence_or_token(aligned["advantages"], labels, name="advantages")
     for name in PER_TOKEN_LOSS_INPUTS:
         value = aligned.get(name)
         if value is not None and not torch.is_tensor(value):

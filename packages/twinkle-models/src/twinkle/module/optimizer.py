@@ -18,6 +18,7 @@ are no names or modules to look at).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterable
 
 import torch
@@ -77,6 +78,23 @@ def _takes_weight_decay(cls: type[Optimizer]) -> bool:
     return any(p.name == "weight_decay" or p.kind is p.VAR_KEYWORD for p in params)
 
 
+def _check_finite(cls: type[Optimizer], kwargs: dict[str, object]) -> None:
+    """Every number of the optimizer's arguments is finite. torch checks ranges with
+    comparisons (``0.0 <= lr``), which take ``lr=inf`` or ``weight_decay=inf``, and the
+    first step then turns every trained weight into NaN."""
+    for name, value in kwargs.items():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            finite = True
+            if isinstance(item, float):
+                finite = math.isfinite(item)
+            elif isinstance(item, torch.Tensor) and item.is_floating_point():
+                finite = bool(torch.isfinite(item).all())
+            if not finite:
+                raise ValueError(
+                    f"optimizer {cls.__name__}: {name} must be a finite number, got {value!r}"
+                )
+
+
 def build_optimizer(
     params_or_model: nn.Module | Iterable[torch.Tensor],
     optimizer_cls: str | type[Optimizer] = "AdamW",
@@ -91,6 +109,7 @@ def build_optimizer(
     """
     cls = OPTIMIZERS.get(optimizer_cls)
     check_kwargs(cls, kwargs, "optimizer")
+    _check_finite(cls, {**kwargs, "weight_decay": weight_decay})
     if weight_decay is not None and (
         isinstance(weight_decay, bool) or not isinstance(weight_decay, int | float)
     ):

@@ -35,6 +35,7 @@ from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.embedding import check_pooling
 from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.precision import autocast, resolve_precision
+from twinkle.model.token_ids import check_token_ids
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
 from twinkle.model.transformers.embedding_model import MODEL_INPUT_KEYS, EmbeddingModelMixin
@@ -310,6 +311,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
     def _collate(self, inputs: Any, state: TrainState) -> dict[str, torch.Tensor]:
         """Turn InputFeatures, Trajectories or an already collated batch into device tensors."""
         batch = self._batch_of(inputs, state)
+        check_token_ids(batch.get("input_ids"), self._hf_model().get_input_embeddings())
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     @staticmethod
