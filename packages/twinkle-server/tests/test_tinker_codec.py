@@ -18,6 +18,7 @@ from tinker.proto.response_conv import (
 )
 from tinker.types._pydantic_types.datum import Datum as JsonDatum
 
+from twinkle.server.config import Limits
 from twinkle.server.errors import BadRequest
 from twinkle.server.tinker import proto_schema
 from twinkle.server.tinker.codec import (
@@ -32,6 +33,7 @@ from twinkle.server.tinker.sample_codec import (
 )
 
 PROTO = "application/x-protobuf"
+LIMITS = Limits()
 
 
 def field_table(descriptor) -> dict:
@@ -94,7 +96,7 @@ def test_an_sdk_protobuf_request_decodes_to_dense_arrays():
         ),
     ]
     config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "mode": "fast"}
-    request = decode_forward_backward(sdk_body(data, "ppo", config, seq_id=7), PROTO)
+    request = decode_forward_backward(sdk_body(data, "ppo", config, seq_id=7), PROTO, LIMITS)
     assert (request.model_id, request.seq_id, request.loss_fn) == ("sess-1:train:0", 7, "ppo")
     assert request.loss_fn_config == config and not request.forward_only
     first, second = request.data
@@ -114,7 +116,7 @@ def test_forward_only_and_the_legacy_config_map_decode():
     msg = sdk_pb.ForwardBackwardRequest.FromString(sdk_body([datum], "dro", {"beta": 0.1}))
     msg.ClearField("loss_fn_config_v2")  # a client that writes only the old map
     msg.forward_only = True
-    request = decode_forward_backward(msg.SerializeToString(), PROTO)
+    request = decode_forward_backward(msg.SerializeToString(), PROTO, LIMITS)
     assert request.loss_fn_config == {"beta": pytest.approx(0.1)} and request.forward_only
 
 
@@ -129,7 +131,7 @@ def test_two_dimensional_torch_inputs_travel_as_sparse_csr_and_come_back_dense()
     body = sdk_body([datum])
     sent = sdk_pb.ForwardBackwardRequest.FromString(body).data[0].loss_fn_inputs
     assert sent["target_tokens"].WhichOneof("encoding") == "sparse_csr"  # what we must read
-    inputs = decode_forward_backward(body, PROTO).data[0].inputs
+    inputs = decode_forward_backward(body, PROTO, LIMITS).data[0].inputs
     assert inputs["target_tokens"].tolist() == targets.tolist()
     assert inputs["weights"].tolist() == weights.tolist()
 
@@ -151,11 +153,13 @@ def test_sdk_0_16_json_bodies_of_forward_backward_and_forward_decode():
     body = legacy_body("forward_backward_input")
     chunk = body["forward_backward_input"]["data"][0]["model_input"]["chunks"][0]
     assert "type" not in chunk  # 0.16.1 leaves the default chunk type out
-    request = decode_forward_backward(json.dumps(body).encode(), "application/json")
+    request = decode_forward_backward(json.dumps(body).encode(), "application/json", LIMITS)
     assert (request.seq_id, request.loss_fn, request.forward_only) == (2, "cross_entropy", False)
     assert request.data[0].tokens == [4, 5, 6]
     assert request.data[0].inputs["weights"].tolist() == [1.0, 0.0, 1.0]
-    forward = decode_forward_backward(json.dumps(legacy_body("forward_input")).encode(), None)
+    forward = decode_forward_backward(
+        json.dumps(legacy_body("forward_input")).encode(), None, LIMITS
+    )
     assert forward.forward_only and forward.loss_fn_config == {}
 
 
@@ -182,20 +186,20 @@ def test_malformed_protobuf_requests_are_user_errors(mutate, message):
     msg = sdk_pb.ForwardBackwardRequest.FromString(sdk_body([datum]))
     mutate(msg)
     with pytest.raises(RejectedRequest, match=message) as caught:
-        decode_forward_backward(msg.SerializeToString(), PROTO)
+        decode_forward_backward(msg.SerializeToString(), PROTO, LIMITS)
     # The envelope was read: the route can free this seq_id for the model's next requests.
     assert (caught.value.model_id, caught.value.seq_id) == ("sess-1:train:0", 3)
 
 
 def test_garbage_bodies_are_user_errors():
     with pytest.raises(BadRequest, match="protobuf") as caught:
-        decode_forward_backward(b"\xff\xff\xff\xff", PROTO)
+        decode_forward_backward(b"\xff\xff\xff\xff", PROTO, LIMITS)
     assert not isinstance(caught.value, RejectedRequest)  # no seq_id could be read
     with pytest.raises(BadRequest, match="JSON"):
-        decode_forward_backward(b"\xff\xff", "application/json")
+        decode_forward_backward(b"\xff\xff", "application/json", LIMITS)
     body = {"model_id": "m", "seq_id": 4, "forward_backward_input": {"data": [{}]}}
     with pytest.raises(RejectedRequest, match="model input") as caught:
-        decode_forward_backward(json.dumps(body).encode(), "application/json")
+        decode_forward_backward(json.dumps(body).encode(), "application/json", LIMITS)
     assert (caught.value.model_id, caught.value.seq_id) == ("m", 4)
 
 

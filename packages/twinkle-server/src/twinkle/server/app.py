@@ -18,9 +18,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from twinkle.server.config import ServerConfig
-from twinkle.server.errors import ApiError
+from twinkle.server.errors import ApiError, as_api_error
 from twinkle.server.limits import BodyLimit
 from twinkle.server.sessions import REAP_INTERVAL_S
 from twinkle.server.state import ServerState, build_state, load_services
@@ -38,38 +39,56 @@ class ResultJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _json_error(status: int, body: dict[str, str]) -> JSONResponse:
-    return JSONResponse(status_code=status, content=body)
+def error_response(exc: BaseException, home: str) -> JSONResponse:
+    """The HTTP answer for a request that raised ``exc`` (``errors.as_api_error``), server
+    paths hidden; a genuine server fault is logged with its traceback."""
+    answer = as_api_error(exc)
+    if answer.status >= 500 and not isinstance(exc, ApiError):
+        logger.error(f"unexpected error: {type(exc).__name__}: {exc}", exc_info=exc)
+    body = answer.body()
+    body["error"] = body["error"].replace(home, "<home>")
+    return JSONResponse(status_code=answer.status, content=body)
+
+
+class ErrorAnswers:
+    """ASGI middleware: every exception a route raises is answered here (a 4xx for the
+    caller's mistakes, a 500 for the server's faults) and the request then ends normally.
+    Starlette's own last-resort handler re-raises after answering, and uvicorn closes the
+    keep-alive connection of a request whose app raised; answered here, none does."""
+
+    def __init__(self, app: ASGIApp, home: str) -> None:
+        self.app = app
+        self.home = home
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # half an answer went out: nothing left to say on this connection
+                raise
+            await error_response(exc, self.home)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI, state: ServerState) -> None:
+    """FastAPI answers its own exceptions (an unknown route, a bad path parameter) before
+    any middleware sees them: route those through ``error_response`` too."""
     home = str(state.home)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        body = exc.body()
-        body["error"] = body["error"].replace(home, "<home>")
-        return _json_error(exc.status, body)
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, home)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        )
-        return _json_error(422, {"error": problems, "category": "user", "code": "invalid_request"})
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        category = "user" if exc.status_code < 500 else "server"
-        return _json_error(
-            exc.status_code, {"error": str(exc.detail), "category": category, "code": "http"}
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception(f"unexpected error on {request.method} {request.url.path}")
-        body = {"error": "internal server error", "category": "server", "code": "internal"}
-        return _json_error(500, body)
+    app.add_exception_handler(RequestValidationError, answer)
+    app.add_exception_handler(StarletteHTTPException, answer)
 
 
 def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
@@ -98,6 +117,7 @@ def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
     for module in (service, runs, models, data, tinker):
         app.include_router(module.router, prefix="/api/v1")
     app.add_middleware(BodyLimit, max_bytes=state.config.limits.max_body_bytes)
+    app.add_middleware(ErrorAnswers, home=str(state.home))
     return app
 
 

@@ -38,6 +38,7 @@ class SamplerConfig(_Strict):
     kind: Literal["torch", "vllm"] = "torch"
     max_cached_adapters: int = Field(default=8, ge=1)
     max_tokens: int = Field(default=1024, ge=1)
+    """Tokens one completion may generate (``max_tokens``), on both sampler routes."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     remote_group: str = "sampler"
     """In ``mode: ray``, the device group whose workers hold the sampler."""
@@ -86,7 +87,17 @@ class Limits(_Strict):
     """How long past a missed heartbeat a session that declared its period (every Tinker
     SDK session: 10 s) is kept: its LoRA slots free this soon after its script ends."""
     max_batch_rows: int = Field(default=256, ge=1)
+    """Rows (sequences, Tinker datums, prompts) in one request."""
     max_sequence_tokens: int = Field(default=32768, ge=1)
+    """Tokens in one row (a Tinker datum's model input, a prompt)."""
+    max_num_samples: int = Field(default=64, ge=1)
+    """Completions one sample request asks for per prompt (``num_samples``)."""
+    max_tensor_elements: int = Field(default=4 * 1024 * 1024, ge=1)
+    """Values one tensor of a request may hold: its shape's product (a sparse tensor's dense
+    size), checked before anything is allocated."""
+    max_json_depth: int = Field(default=32, ge=4, le=512)
+    """How deeply a JSON body may nest (``[[[...]]]``); Python's parser would run out of
+    stack long before the body limit."""
     max_datasets_per_key: int = Field(default=8, ge=1)
     max_loras_per_key: int | None = Field(default=None, ge=1)
     """LoRA slots one key may hold at once. None (the default) is a fair share: half the

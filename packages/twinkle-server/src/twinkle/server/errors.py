@@ -2,7 +2,12 @@
 
 ``category`` is ``"user"`` when the request was wrong (fix it and retry) and ``"server"``
 when the service failed; lowercase, as the Tinker SDK expects. No traceback ever leaves
-the server: unexpected exceptions are logged here and answered with a generic message.
+the server: unexpected exceptions are logged and answered with a generic message.
+
+``as_api_error`` is the one place an exception becomes an answer, for every route family
+and for failed futures alike: an ``ApiError`` is itself; a ``ValueError`` or ``TypeError``
+(the library's way of refusing a caller's values, raised in this process or on a Ray
+worker) is a 400 with its message; anything else is a genuine server fault, a 500.
 """
 
 from __future__ import annotations
@@ -69,3 +74,35 @@ class Unavailable(ApiError):
 
 class ServerFailure(ApiError):
     status, category, code = 500, "server", "internal"
+
+
+USER_MISTAKES = (ValueError, TypeError)
+"""What the library raises for a caller's values (wrong shape, range, name or keyword)."""
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """The answer for ``exc`` (see the module docstring). A worker's failure arrives as a
+    RemoteError whose ``__cause__`` is the worker's exception; its own message carries the
+    worker's traceback and stays in the server's log."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    from twinkle.infra import RemoteError
+
+    if isinstance(exc, RemoteError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
+        )
+        return Unprocessable(problems)
+    if isinstance(exc, HTTPException):
+        answer = ApiError(str(exc.detail))
+        answer.status, answer.code = exc.status_code, "http"
+        answer.category = "user" if exc.status_code < 500 else "server"
+        return answer
+    if isinstance(exc, USER_MISTAKES):
+        return BadRequest(str(exc))
+    return ServerFailure("internal server error")

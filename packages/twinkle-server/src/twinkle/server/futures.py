@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from twinkle.server.errors import ApiError, NotFound, ServerFailure, Timeout
+from twinkle.server.errors import ApiError, NotFound, Timeout, as_api_error
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.store import FutureRecord, Store
 from twinkle.utils import get_logger
@@ -188,11 +188,14 @@ class FutureManager:
         if exc is None:
             self.store.finish_future(future_id, "done", None, None, time.time())
         else:
-            self.store.finish_future(future_id, "failed", None, _error_body(exc), time.time())
+            body = _error_body(exc)
+            if body["category"] == "server" and not isinstance(exc, ApiError):
+                logger.error(f"request {future_id} failed on the server", exc_info=exc)
+            self.store.finish_future(future_id, "failed", None, body, time.time())
 
     async def wait(self, owner: str, future_id: str, timeout: float | None) -> Any:
-        """The future's result, raising its error; ``Timeout`` (and a cancel of queued work)
-        when it does not finish in time."""
+        """The future's result, raising its error as its answer (``errors.as_api_error``);
+        ``Timeout`` (and a cancel of queued work) when it does not finish in time."""
         future = self._held(owner, future_id, NotFound)
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
@@ -205,6 +208,11 @@ class FutureManager:
             ) from None
         except asyncio.CancelledError:
             raise Timeout(f"request {future_id} was cancelled before it ran") from None
+        except Exception as exc:  # its answer; a server fault was logged when it failed
+            answer = as_api_error(exc)
+            if answer is exc:
+                raise
+            raise answer from None
 
     def status(self, owner: str, future_id: str) -> FutureRecord:
         record = self.store.get_future(owner, future_id)
@@ -214,8 +222,6 @@ class FutureManager:
 
 
 def _error_body(exc: BaseException) -> dict[str, str]:
-    if isinstance(exc, ApiError):
-        return exc.body()
-    if isinstance(exc, ValueError | TypeError | KeyError):
-        return {"error": str(exc), "category": "user", "code": "invalid_request"}
-    return ServerFailure("the request failed on the server").body()
+    """A failed future's recorded and polled error: ``errors.as_api_error``, like every
+    route's answer."""
+    return as_api_error(exc).body()

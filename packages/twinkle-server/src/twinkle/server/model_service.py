@@ -20,7 +20,6 @@ from typing import Any
 
 from peft import LoraConfig
 
-from twinkle.infra import RemoteError
 from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.checkpoint_recovery import pause_point
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
@@ -35,6 +34,7 @@ from twinkle.server.errors import (
     Conflict,
     Forbidden,
     NotFound,
+    as_api_error,
 )
 from twinkle.server.model_args import check_lora_values, check_method_args
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
@@ -253,8 +253,8 @@ class ModelService:
 
     def call(self, principal: Principal, live: LiveRun, method: str, args: dict[str, Any]) -> Any:
         """Runs on the worker: one allow-listed method of the model for this run. What the
-        model refuses in the request (a ValueError or TypeError: an ``old_logps`` row of the
-        wrong length, a loss without its inputs) is answered as a 400 with its message."""
+        model refuses in the request (``errors.as_api_error``: an ``old_logps`` row of the
+        wrong length, a loss without its inputs) is a 400 whose message names the method."""
         handler = self.methods.get(method)
         if handler is None:
             raise NotFound(f"unknown model method {method!r}")
@@ -263,10 +263,10 @@ class ModelService:
         except ApiError:
             raise
         except Exception as exc:
-            mistake = request_mistake(exc)
-            if mistake is None:
+            answer = as_api_error(exc)
+            if answer.category != "user":
                 raise
-            raise BadRequest(f"{method}: {mistake}") from None
+            raise BadRequest(f"{method}: {answer.message}") from None
 
     def run_for(self, live: LiveRun, fn: Callable[[], Any]) -> Any:
         """Runs on the worker: ``fn`` for a run still holding its slot (the Tinker routes'
@@ -312,8 +312,7 @@ class ModelService:
     # ---- training -----------------------------------------------------------------------
 
     def _batch(self, inputs: Any) -> list:
-        limits = self.config.limits
-        return decode_inputs(inputs, limits.max_batch_rows, limits.max_sequence_tokens)
+        return decode_inputs(inputs, self.config.limits)
 
     def _forward_backward(self, principal, live, inputs: Any = None, **kwargs) -> Any:
         batch = self._batch(inputs)
@@ -417,15 +416,6 @@ class ModelService:
 
     def stop(self) -> None:
         self.worker.stop()
-
-
-def request_mistake(exc: BaseException) -> BaseException | None:
-    """The ValueError or TypeError by which the model refused a request's values, raised in
-    this process or on a Ray worker (the cause of its RemoteError, whose own message carries
-    the worker's traceback and stays in the server's log); None for any other failure."""
-    if isinstance(exc, RemoteError):
-        exc = exc.__cause__
-    return exc if isinstance(exc, ValueError | TypeError) else None
 
 
 def group_size(config: ServerConfig, name: str) -> int:

@@ -25,6 +25,7 @@ from twinkle.sampler.base import BASE_MODEL
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import BadRequest, NotFound
+from twinkle.server.limits import check_num_samples
 from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
@@ -78,15 +79,15 @@ class SamplerService:
     def prepare(self, principal: Principal, body: dict[str, Any]):
         """Check the request now (4xx before queueing); return the work to run on the worker."""
         limits = self.config.limits
-        batch = decode_inputs(body.get("inputs"), limits.max_batch_rows, limits.max_sequence_tokens)
+        batch = decode_inputs(body.get("inputs"), limits)
         raw = body.get("sampling_params") or {}
         if not isinstance(raw, dict):
             raise BadRequest("sampling_params must be an object")
         num_samples = body.get("num_samples")
-        if num_samples is not None and (
-            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
-        ):
-            raise BadRequest("num_samples must be a positive int")
+        if num_samples is not None:
+            check_num_samples(num_samples, limits)
+        if raw.get("num_samples") is not None:
+            check_num_samples(raw["num_samples"], limits, "sampling_params.num_samples")
         check_sampling_values(raw, self.config.sampler.max_tokens, self.vocab_size())
         try:
             params = SamplingParams.model_validate({"max_tokens": 64, **raw})

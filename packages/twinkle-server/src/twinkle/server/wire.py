@@ -7,12 +7,31 @@ template) must be plain JSON scalars or lists of them.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import math
+from typing import TYPE_CHECKING, Any
 
 from twinkle.data_format import InputFeature, Trajectory, from_jsonable, to_jsonable
-from twinkle.server.errors import BadRequest, PayloadTooLarge
+from twinkle.server.errors import BadRequest
+from twinkle.server.limits import check_depth, check_rows, check_tokens, depth_error
+
+if TYPE_CHECKING:
+    from twinkle.server.config import Limits
 
 _SCALARS = (str, int, float, bool, type(None))
+
+
+def parse_json(raw: bytes, limits: Limits, what: str = "the request body") -> Any:
+    """A request body as JSON, nested at most ``limits.max_json_depth`` deep (a body of
+    100,000 ``[`` would otherwise exhaust the parser's stack: a RecursionError)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise depth_error(limits) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+    check_depth(value, limits)
+    return value
 
 
 def plain_kwargs(kwargs: Any, what: str) -> dict[str, Any]:
@@ -27,6 +46,9 @@ def plain_kwargs(kwargs: Any, what: str) -> dict[str, Any]:
             raise BadRequest(
                 f"{what}: argument {key!r} must be a number, string, bool or a list of them"
             )
+        for item in value if flat else [value]:
+            if isinstance(item, float) and not math.isfinite(item):  # for an optimizer or loss
+                raise BadRequest(f"{what}: argument {key!r} must be a finite number, got {item}")
     return dict(kwargs)
 
 
@@ -73,14 +95,14 @@ def check_allowed(name: Any, allowed: list[str], what: str) -> str:
     return name
 
 
-def decode_inputs(inputs: Any, max_rows: int, max_tokens: int) -> list[InputFeature | Trajectory]:
-    """A batch of InputFeatures or Trajectories from their JSON dicts."""
+def decode_inputs(inputs: Any, limits: Limits) -> list[InputFeature | Trajectory]:
+    """A batch of InputFeatures or Trajectories from their JSON dicts, within the rows and
+    tokens per row of ``limits``."""
     if isinstance(inputs, dict):
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("inputs must be a non-empty list of InputFeature or Trajectory objects")
-    if len(inputs) > max_rows:
-        raise PayloadTooLarge(f"the batch has {len(inputs)} rows; this server takes {max_rows}")
+    check_rows(len(inputs), limits)
     batch: list[InputFeature | Trajectory] = []
     for index, row in enumerate(inputs):
         if not isinstance(row, dict):
@@ -94,10 +116,8 @@ def decode_inputs(inputs: Any, max_rows: int, max_tokens: int) -> list[InputFeat
             raise BadRequest(
                 f"inputs[{index}] is not a valid InputFeature or Trajectory: {exc}"
             ) from None
-        if isinstance(item, InputFeature) and int(item.length or 0) > max_tokens:
-            raise PayloadTooLarge(
-                f"inputs[{index}] has {item.length} tokens; this server takes {max_tokens}"
-            )
+        if isinstance(item, InputFeature):
+            check_tokens(int(item.length or 0), limits, f"inputs[{index}]")
         batch.append(item)
     return batch
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
@@ -10,6 +9,7 @@ from fastapi import Request
 from twinkle.server.auth import Principal
 from twinkle.server.errors import BadRequest, Unavailable
 from twinkle.server.state import ServerState
+from twinkle.server.wire import parse_json
 
 
 def state_of(request: Request) -> ServerState:
@@ -35,10 +35,7 @@ async def json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw:
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    body = parse_json(raw, state_of(request).config.limits)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body

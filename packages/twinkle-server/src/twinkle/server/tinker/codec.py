@@ -13,14 +13,14 @@ ignored: they matter only to ``stable_reinforce``, which this server rejects.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from twinkle.server.errors import BadRequest
+from twinkle.server.errors import ApiError, BadRequest
+from twinkle.server.limits import check_rows, check_tokens
 from twinkle.server.tinker import proto_schema as schema
 from twinkle.server.tinker.results import PROTO_MEDIA_TYPE, ProtoResult
 from twinkle.server.tinker.tensors import (
@@ -29,6 +29,10 @@ from twinkle.server.tinker.tensors import (
     tensor_from_proto,
     tensor_to_json,
 )
+from twinkle.server.wire import parse_json
+
+if TYPE_CHECKING:
+    from twinkle.server.config import Limits
 
 OUTPUT_TYPE = "ArrayRecord"
 
@@ -51,9 +55,12 @@ class RejectedRequest(BadRequest):
         self.model_id, self.seq_id = model_id, seq_id
 
 
-def _rejected(exc: BadRequest, model_id: Any, seq_id: Any) -> BadRequest:
+def _rejected(exc: ApiError, model_id: Any, seq_id: Any) -> ApiError:
+    """``exc`` as a RejectedRequest (same status and code) once its model and seq_id are known."""
     if isinstance(model_id, str) and model_id and isinstance(seq_id, int):
-        return RejectedRequest(exc.message, model_id, seq_id)
+        rejected = RejectedRequest(exc.message, model_id, seq_id)
+        rejected.status, rejected.code = exc.status, exc.code
+        return rejected
     return exc
 
 
@@ -67,26 +74,23 @@ class FwdBwdRequest:
     data: list[TinkerDatum]
 
 
-def decode_forward_backward(body: bytes, content_type: str | None) -> FwdBwdRequest:
-    """The request of ``/forward_backward`` (protobuf or JSON) or of ``/forward`` (JSON)."""
+def decode_forward_backward(body: bytes, content_type: str | None, limits: Limits) -> FwdBwdRequest:
+    """The request of ``/forward_backward`` (protobuf or JSON) or of ``/forward`` (JSON),
+    within the server's ``limits`` (rows, tokens per datum, values per tensor, nesting),
+    checked before anything of that size is built."""
     if (content_type or "").split(";")[0].strip().lower() == PROTO_MEDIA_TYPE:
-        return _from_proto(body)
-    try:
-        obj = json.loads(body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(
-            f"the forward_backward body is neither protobuf ({PROTO_MEDIA_TYPE}) nor valid "
-            f"JSON: {exc}"
-        ) from None
+        return _from_proto(body, limits)
+    what = f"the forward_backward body (neither protobuf, {PROTO_MEDIA_TYPE}, nor JSON)"
+    obj = parse_json(body or b"{}", limits, what)
     if not isinstance(obj, dict):
         raise BadRequest("the forward_backward body must be a JSON object")
-    return _from_json(obj)
+    return _from_json(obj, limits)
 
 
 # ---- protobuf (SDK 0.38) ------------------------------------------------------------------
 
 
-def _from_proto(body: bytes) -> FwdBwdRequest:
+def _from_proto(body: bytes, limits: Limits) -> FwdBwdRequest:
     msg = schema.message("ForwardBackwardRequest")()
     try:
         msg.ParseFromString(body)
@@ -101,9 +105,10 @@ def _from_proto(body: bytes) -> FwdBwdRequest:
             config = {k: _config_value(v, k) for k, v in msg.loss_fn_config_v2.items()}
         else:
             config = {k: float(v) for k, v in msg.loss_fn_config.items()}
-        data = [_proto_datum(datum, i) for i, datum in enumerate(msg.data)]
+        check_rows(len(msg.data), limits, "the request's data")
+        data = [_proto_datum(datum, i, limits) for i, datum in enumerate(msg.data)]
         return _request(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
-    except BadRequest as exc:
+    except ApiError as exc:
         raise _rejected(exc, msg.model_id, msg.seq_id) from None
 
 
@@ -114,7 +119,7 @@ def _config_value(value: Any, key: str) -> float | str:
     return float(value.number) if kind == "number" else str(value.text)
 
 
-def _proto_datum(msg: Any, index: int) -> TinkerDatum:
+def _proto_datum(msg: Any, index: int, limits: Limits) -> TinkerDatum:
     tokens: list[int] = []
     for position, chunk in enumerate(msg.model_input):
         kind = chunk.WhichOneof("chunk")
@@ -123,9 +128,10 @@ def _proto_datum(msg: Any, index: int) -> TinkerDatum:
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
             raise BadRequest(f"data[{index}] chunk {position}: tokens are not int32 values")
+        check_tokens(len(tokens) + len(raw) // 4, limits, f"data[{index}]")
         tokens.extend(np.frombuffer(raw, dtype="<i4").tolist())
     inputs = {
-        name: tensor_from_proto(tensor, f"data[{index}].loss_fn_inputs[{name!r}]")
+        name: tensor_from_proto(tensor, f"data[{index}].loss_fn_inputs[{name!r}]", limits)
         for name, tensor in msg.loss_fn_inputs.items()
     }
     return TinkerDatum(tokens, inputs)
@@ -138,8 +144,9 @@ def _non_text(where: str, position: int, kind: str | None) -> BadRequest:
     )
 
 
-def tokens_from_json(model_input: Any, where: str) -> list[int]:
-    """The token ids of a JSON ``ModelInput`` (``{chunks: [...]}``); text chunks only."""
+def tokens_from_json(model_input: Any, where: str, limits: Limits) -> list[int]:
+    """The token ids of a JSON ``ModelInput`` (``{chunks: [...]}``); text chunks only, at
+    most ``limits.max_sequence_tokens``."""
     chunks = model_input.get("chunks") if isinstance(model_input, dict) else None
     if not isinstance(chunks, list):
         raise BadRequest(f"{where}: the model input must be {{chunks: [...]}}")
@@ -154,6 +161,7 @@ def tokens_from_json(model_input: Any, where: str) -> list[int]:
             isinstance(t, int) and not isinstance(t, bool) for t in values
         ):
             raise BadRequest(f"{where} chunk {position}: tokens must be a list of ints")
+        check_tokens(len(tokens) + len(values), limits, where)
         tokens.extend(values)
     return tokens
 
@@ -161,17 +169,17 @@ def tokens_from_json(model_input: Any, where: str) -> list[int]:
 # ---- JSON (SDK 0.16.1) --------------------------------------------------------------------
 
 
-def _from_json(obj: dict[str, Any]) -> FwdBwdRequest:
+def _from_json(obj: dict[str, Any], limits: Limits) -> FwdBwdRequest:
     seq_id = obj.get("seq_id")
     if seq_id is not None and (isinstance(seq_id, bool) or not isinstance(seq_id, int)):
         raise BadRequest(f"seq_id must be an integer, got {seq_id!r}")
     try:
-        return _from_json_input(obj, seq_id)
-    except BadRequest as exc:
+        return _from_json_input(obj, seq_id, limits)
+    except ApiError as exc:
         raise _rejected(exc, obj.get("model_id"), seq_id) from None
 
 
-def _from_json_input(obj: dict[str, Any], seq_id: int | None) -> FwdBwdRequest:
+def _from_json_input(obj: dict[str, Any], seq_id: int | None, limits: Limits) -> FwdBwdRequest:
     forward_only = "forward_input" in obj
     payload = obj.get("forward_input") if forward_only else obj.get("forward_backward_input")
     if payload is None and "data" in obj:  # the input object alone
@@ -190,6 +198,7 @@ def _from_json_input(obj: dict[str, Any], seq_id: int | None) -> FwdBwdRequest:
     data = payload.get("data")
     if not isinstance(data, list):
         raise BadRequest("forward_backward_input.data must be a list of Datum objects")
+    check_rows(len(data), limits, "forward_backward_input.data")
     forward_only = forward_only or bool(obj.get("forward_only", False))
     return _request(
         obj.get("model_id"),
@@ -197,19 +206,19 @@ def _from_json_input(obj: dict[str, Any], seq_id: int | None) -> FwdBwdRequest:
         payload.get("loss_fn"),
         config,
         forward_only,
-        [_json_datum(d, i) for i, d in enumerate(data)],
+        [_json_datum(d, i, limits) for i, d in enumerate(data)],
     )
 
 
-def _json_datum(obj: Any, index: int) -> TinkerDatum:
+def _json_datum(obj: Any, index: int, limits: Limits) -> TinkerDatum:
     if not isinstance(obj, dict):
         raise BadRequest(f"data[{index}] must be a Datum object {{model_input, loss_fn_inputs}}")
-    tokens = tokens_from_json(obj.get("model_input"), f"data[{index}]")
+    tokens = tokens_from_json(obj.get("model_input"), f"data[{index}]", limits)
     raw_inputs = obj.get("loss_fn_inputs") or {}
     if not isinstance(raw_inputs, dict):
         raise BadRequest(f"data[{index}].loss_fn_inputs must map names to TensorData")
     inputs = {
-        name: tensor_from_json(value, f"data[{index}].loss_fn_inputs[{name!r}]")
+        name: tensor_from_json(value, f"data[{index}].loss_fn_inputs[{name!r}]", limits)
         for name, value in raw_inputs.items()
     }
     return TinkerDatum(tokens, inputs)

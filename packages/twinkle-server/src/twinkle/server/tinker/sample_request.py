@@ -19,7 +19,9 @@ from typing import Any
 
 from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.server.checks import refuse_nulls
-from twinkle.server.errors import BadRequest, PayloadTooLarge, ServerFailure
+from twinkle.server.config import Limits as RequestLimits
+from twinkle.server.errors import BadRequest, ServerFailure
+from twinkle.server.limits import check_num_samples
 from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.tinker.codec import tokens_from_json
 from twinkle.server.tinker.results import ProtoResult
@@ -38,9 +40,8 @@ NON_OPTIONAL_PARAMS = ("temperature", "top_k", "top_p")  # the SDK's plain float
 
 @dataclass(frozen=True)
 class Limits:
-    max_tokens: int
-    max_prompt_tokens: int
-    max_samples: int
+    max_tokens: int  # the sampler's max_tokens
+    request: RequestLimits  # the server's limits: prompt tokens, num_samples, nesting
     vocab_size: int | None  # None: not checked here
 
 
@@ -104,17 +105,14 @@ def parse_asample(body: dict[str, Any], limits: Limits) -> AsampleRequest:
     for name, unsupported in UNSUPPORTED.items():
         if unsupported(body.get(name)):
             raise BadRequest(f"{name} is not supported by this server; leave it unset")
-    prompt = tokens_from_json(body.get("prompt"), "prompt")
+    prompt = tokens_from_json(body.get("prompt"), "prompt", limits.request)
     if not prompt:
         raise BadRequest("the prompt has no tokens")
-    if len(prompt) > limits.max_prompt_tokens:
-        raise PayloadTooLarge(
-            f"the prompt has {len(prompt)} tokens; this server takes {limits.max_prompt_tokens}"
-        )
     vocab = limits.vocab_size
     if min(prompt) < 0 or (vocab is not None and max(prompt) >= vocab):
         raise BadRequest(f"the prompt holds token ids outside the vocabulary [0, {vocab})")
-    num_samples = _int(body, "num_samples", 1, 1, limits.max_samples)
+    num_samples = body.get("num_samples")
+    num_samples = 1 if num_samples is None else check_num_samples(num_samples, limits.request)
     want_prompt = body.get("prompt_logprobs")
     if want_prompt is not None and not isinstance(want_prompt, bool):
         raise BadRequest(f"prompt_logprobs must be true or false, got {want_prompt!r}")

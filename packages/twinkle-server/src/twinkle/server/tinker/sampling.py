@@ -93,11 +93,9 @@ def _folder_to_sample(state: ServerState, principal: Any, body: dict[str, Any]) 
 
 
 def _limits(state: ServerState, service: Any) -> Limits:
-    limits = state.config.limits
     return Limits(
         max_tokens=state.config.sampler.max_tokens,
-        max_prompt_tokens=limits.max_sequence_tokens,
-        max_samples=limits.max_batch_rows,
+        request=state.config.limits,
         vocab_size=service.vocab_size(),
     )
 

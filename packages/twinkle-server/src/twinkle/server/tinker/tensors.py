@@ -8,12 +8,16 @@ buffer is read, and a malformed tensor is a ``BadRequest`` naming the field.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twinkle.server.errors import BadRequest
+from twinkle.server.limits import check_tensor_size
 from twinkle.server.tinker import proto_schema as schema
+
+if TYPE_CHECKING:
+    from twinkle.server.config import Limits
 
 PROTO_DTYPES: dict[int, np.dtype] = {
     schema.DTYPE_FLOAT32: np.dtype("<f4"),
@@ -40,9 +44,10 @@ def _buffer(raw: bytes, dtype: int, what: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np_dtype)
 
 
-def _check_shape(shape: list[int], what: str) -> list[int]:
+def _check_shape(shape: list[int], what: str, limits: Limits) -> list[int]:
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape):
         raise BadRequest(f"{what}: shape {shape} must hold non-negative integers")
+    check_tensor_size(shape, limits, what)
     return shape
 
 
@@ -68,9 +73,10 @@ def _densify(
     return dense
 
 
-def tensor_from_proto(msg: Any, what: str) -> np.ndarray:
-    """A protobuf ``Tensor`` as a dense numpy array (int64 or float32)."""
-    shape = _check_shape(list(msg.shape), what)
+def tensor_from_proto(msg: Any, what: str, limits: Limits) -> np.ndarray:
+    """A protobuf ``Tensor`` as a dense numpy array (int64 or float32), at most
+    ``limits.max_tensor_elements`` values."""
+    shape = _check_shape(list(msg.shape), what, limits)
     encoding = msg.WhichOneof("encoding")
     if encoding == "sparse_csr":
         csr = msg.sparse_csr
@@ -86,8 +92,9 @@ def tensor_from_proto(msg: Any, what: str) -> np.ndarray:
     return _widen(array)
 
 
-def tensor_from_json(obj: Any, what: str) -> np.ndarray:
-    """A JSON ``TensorData`` as a dense numpy array (int64 or float32)."""
+def tensor_from_json(obj: Any, what: str, limits: Limits) -> np.ndarray:
+    """A JSON ``TensorData`` as a dense numpy array (int64 or float32), at most
+    ``limits.max_tensor_elements`` values."""
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
         raise BadRequest(f"{what} must be a TensorData object: {{data: [numbers], dtype, shape}}")
     dtype = JSON_DTYPES.get(obj.get("dtype"))
@@ -100,7 +107,7 @@ def tensor_from_json(obj: Any, what: str) -> np.ndarray:
     if values.ndim != 1:
         raise BadRequest(f"{what}: data must be a flat list of numbers (row-major)")
     shape = obj.get("shape")
-    shape = _check_shape(list(shape), what) if isinstance(shape, list) else None
+    shape = _check_shape(list(shape), what, limits) if isinstance(shape, list) else None
     crow, col = obj.get("sparse_crow_indices"), obj.get("sparse_col_indices")
     if crow is not None or col is not None:
         if not isinstance(crow, list) or not isinstance(col, list) or shape is None:

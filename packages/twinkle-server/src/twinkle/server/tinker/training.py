@@ -141,7 +141,9 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
     state = ready(state_of(request))
     raw = await request.body()
     try:
-        fwd = decode_forward_backward(raw, request.headers.get("content-type", ""))
+        fwd = decode_forward_backward(
+            raw, request.headers.get("content-type", ""), state.config.limits
+        )
     except RejectedRequest as exc:  # its seq_id was read: free it for the model's next ones
         if state.store.get_run(principal.key_id, exc.model_id) is not None:
             state.tinker.ordering.skip(exc.model_id, exc.seq_id)
