@@ -45,7 +45,8 @@ def ray_server(tmp_path_factory):
     config = ServerConfig.model_validate(
         {
             "mode": "ray",
-            "model": {"model_id": MODEL_ID, "max_loras": 3, "device": "cpu"},
+            "model": {"model_id": MODEL_ID, "max_loras": 4, "device": "cpu"},
+            "limits": {"max_loras_per_key": 4},  # one key runs every test's adapters
             "sampler": {"enabled": True, "kind": "torch"},
             "device_groups": [
                 {"name": "model", "ranks": 1, "device_type": "cpu"},
