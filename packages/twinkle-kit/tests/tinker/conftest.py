@@ -45,6 +45,8 @@ def _running_server(server_process) -> Iterator[_Running]:
         "tinker_home",
         {
             "model": {"model_id": BASE_MODEL, "max_loras": 16, "device": "cpu"},
+            # the tests' one main key holds every test's adapters (the default quota is half)
+            "limits": {"max_loras_per_key": 16},
             "sampler": {"enabled": True, "kind": "torch"},
         },
     )

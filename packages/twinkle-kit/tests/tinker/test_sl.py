@@ -166,7 +166,8 @@ def test_save_weights_and_get_sampling_client_sees_the_trained_weights(service, 
 
 
 def test_chunked_forward_backward_runs_before_the_next_step(service, base_model):
-    """Over 1024 datums the SDK splits forward_backward into chunks with their own seq_ids,
+    """Over the server's row limit (limits.max_batch_rows, 256, which client/config gives the
+    SDK as its chunk size) the SDK splits forward_backward into chunks with their own seq_ids,
     sent concurrently, and joins their outputs. Each chunk's outputs come back in request
     order and all run before the optim_step: the joined logprobs equal a forward taken
     before (to 1e-5), though the step moves them. (The reorder buffer itself is checked in

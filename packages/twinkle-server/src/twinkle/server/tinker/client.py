@@ -3,7 +3,8 @@ and the session listing of the RestClient.
 
 client/config turns off the SDK features this server does not offer (JWT exchange, the
 session-level futures poller, joined sampling sessions, server-side custom losses, zstd
-bodies), so the client never calls their endpoints.
+bodies), so the client never calls their endpoints, and tells it the largest chunk of datums
+to send (limits.max_batch_rows).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ MAX_RUNS_LISTED = 1000
 
 @router.post("/client/config")
 async def client_config(request: Request) -> dict:
+    """The feature flags, and the SDK's forward_backward chunk size set to this server's row
+    limit: the SDK splits a large batch into chunks no larger than the server takes."""
     caller(request)
-    return dict(CLIENT_CONFIG)
+    limits = state_of(request).config.limits
+    return {**CLIENT_CONFIG, "fwdbwd_max_chunk_len": limits.max_batch_rows}
 
 
 @router.post("/client/dynamic_config")
