@@ -44,6 +44,7 @@ def test_without_conda_it_makes_a_venv_with_the_torch_free_client(tmp_path):
     python = venv / "bin" / "python"
     probe = (
         "import importlib.util, twinkle_client; from twinkle_client import TwinkleClient; "
+        "import twinkle_client.model; "  # the remote API table ships inside the wheel
         "print(twinkle_client.__file__); "
         "print([m for m in ('torch', 'transformers', 'peft') if importlib.util.find_spec(m)])"
     )

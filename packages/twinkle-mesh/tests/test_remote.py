@@ -7,7 +7,7 @@ import types
 import pytest
 
 from twinkle import remote_class, remote_function
-from twinkle.infra import RemoteClassSpec, RemoteSpec
+from twinkle.infra import RemoteClassSpec, RemoteSpec, WirePolicy
 
 
 @remote_class(execute="all")
@@ -171,3 +171,17 @@ def test_bad_uses_of_the_decorators():
         remote_function()(42)
     with pytest.raises(TypeError):
         remote_function(lambda self: None)  # the arguments are keyword-only
+
+
+def test_a_wire_policy_is_checked_against_the_method_where_it_is_declared():
+    def clip(self, max_norm=1.0, *, adapter_name=None):
+        return max_norm
+
+    policy = WirePolicy(positive=("max_norm",))
+    assert remote_function(wire=policy)(clip).__twinkle_remote__.wire is policy
+    with pytest.raises(ValueError, match=r"names \['max_nrom'\], which it does not take"):
+        remote_function(wire=WirePolicy(positive=("max_nrom",)))(clip)
+    with pytest.raises(ValueError, match="returns must be one of"):
+        WirePolicy(returns="tensor")
+    with pytest.raises(TypeError, match="wire must be a WirePolicy"):
+        remote_function(wire={"positive": ("max_norm",)})

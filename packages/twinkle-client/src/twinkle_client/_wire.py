@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle.data_format import to_jsonable
+from twinkle.data_format import sampled_input_features, to_jsonable
 
 LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
 
@@ -48,3 +48,14 @@ def jsonable(value: Any) -> Any:
 def clean(args: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments for the wire: None dropped (the server's defaults apply)."""
     return {key: jsonable(value) for key, value in args.items() if value is not None}
+
+
+def batch_rows(inputs: Any) -> Any:
+    """The rows to send: a sampler's result (what ``vLLMSampler.sample`` returns, here or
+    locally) as its sequences' ``new_input_feature``s; one row as a batch of one."""
+    sampled = sampled_input_features(inputs)
+    if sampled is not None:
+        return sampled
+    if isinstance(inputs, dict) or hasattr(inputs, "keys"):
+        inputs = [inputs]
+    return list(inputs)

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.data_format import SampledSequence, SampleResponse
-from twinkle_client._wire import clean, name_of
+from twinkle_client._wire import batch_rows, clean, name_of
 from twinkle_client.manager import TwinkleClient, get_client
-from twinkle_client.model import _batch
 
 
 class vLLMSampler:  # noqa: N801 - the documents' name
@@ -45,7 +44,7 @@ class vLLMSampler:  # noqa: N801 - the documents' name
             sampling_params = sampling_params.to_dict()
         body = clean(
             {
-                "inputs": _batch(inputs),
+                "inputs": batch_rows(inputs),
                 "sampling_params": sampling_params,
                 "num_samples": num_samples,
                 "adapter_uri": adapter_uri,

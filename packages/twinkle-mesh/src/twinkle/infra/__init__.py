@@ -9,6 +9,7 @@ from twinkle.infra.remote import (
     EXECUTE_MODES,
     RemoteClassSpec,
     RemoteSpec,
+    WirePolicy,
     remote_class,
     remote_function,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "RemoteClassSpec",
     "RemoteError",
     "RemoteSpec",
+    "WirePolicy",
     "collect",
     "dispatch",
     "get_device_groups",

@@ -14,6 +14,10 @@ is built: in the ray-mode driver, its ``__new__`` returns a RemoteComponent
 (``twinkle.infra.ray.component``) instead of an instance when a
 ``remote_group`` is given; Python then skips ``__init__``, which runs on the
 group's workers instead. Everywhere else ``__new__`` builds the object as usual.
+
+A :class:`WirePolicy` on the spec (``@remote_function(wire=WirePolicy(...))``) says that
+the method may also be called over HTTP and what may cross: it is the one declaration
+twinkle-server's dispatch table and twinkle-client's generated proxies are both built from.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from twinkle.infra.dispatch import Dispatcher, check_dispatch_mode
 from twinkle.infra.state import get_mode, get_worker_group
 
 EXECUTE_MODES = ("first", "all")
+RETURN_KINDS = ("json", "model_output")
 _STRIPS_REMOTE_GROUP = "__twinkle_strips_remote_group__"
 
 C = TypeVar("C", bound=type)
@@ -36,10 +41,57 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
+class WirePolicy:
+    """What of a remote method may cross HTTP: present means a client may call it.
+
+    The method's own signature gives the parameters; the fields say how each travels.
+    ``named``: parameters that name a component on the server's allow-list (a client sends
+    a class's name, never an object). ``batch``: the parameter holding rows of data.
+    ``positive``: numbers refused unless finite and > 0 (``clip_grad_norm(max_norm=-1)``
+    would flip every gradient). ``returns='model_output'``: the result is a ModelOutput
+    (else plain JSON). ``client_drops``: keywords a client accepts for local compatibility
+    and never sends (the server uses its own model's tokenizer). ``server_names``:
+    parameters a client passes although the server would otherwise supply them (the
+    display name of a new adapter). ``own_route``: the call has its own route, not
+    ``/model/<method>``.
+    """
+
+    named: tuple[str, ...] = ()
+    batch: str | None = None
+    positive: tuple[str, ...] = ()
+    returns: str = "json"
+    client_drops: tuple[str, ...] = ()
+    server_names: tuple[str, ...] = ()
+    own_route: bool = False
+
+    def __post_init__(self) -> None:
+        if self.returns not in RETURN_KINDS:
+            raise ValueError(
+                f"WirePolicy returns must be one of {RETURN_KINDS}, got {self.returns!r}"
+            )
+
+    def check_parameters(self, fn: Callable[..., Any]) -> None:
+        """Every parameter the policy names is one of ``fn``'s (caught where it is declared)."""
+        known = set(inspect.signature(fn).parameters)
+        named = [*self.named, *self.positive, *self.client_drops, *self.server_names]
+        if self.batch is not None:
+            named.append(self.batch)
+        takes_kwargs = any(
+            p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()
+        )
+        unknown = [name for name in named if name not in known]
+        if unknown and not (takes_kwargs and set(unknown) <= set(self.client_drops)):
+            raise ValueError(
+                f"the wire policy of {fn.__qualname__} names {unknown}, which it does not take"
+            )
+
+
+@dataclass(frozen=True)
 class RemoteSpec:
     """How a method runs on a component's workers: the ``@remote_function`` arguments.
 
-    ``lazy_collect=None`` means the default given to ``twinkle.initialize``.
+    ``lazy_collect=None`` means the default given to ``twinkle.initialize``; ``wire=None``
+    means the method is not offered over HTTP.
     """
 
     dispatch: str | Dispatcher = "slice"
@@ -47,6 +99,7 @@ class RemoteSpec:
     collect: str | Collector = "none"
     sync: bool = False
     lazy_collect: bool | None = None
+    wire: WirePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -70,11 +123,13 @@ def remote_function(
     collect: str | Collector = "none",
     sync: bool = False,
     lazy_collect: bool | None = None,
+    wire: WirePolicy | None = None,
 ) -> Callable[[F], F]:
     """Mark a method of a remote class: how inputs are dispatched and outputs collected.
 
     The modes are checked here, at decoration time. The decorated function is
-    returned unchanged, with the spec in ``fn.__twinkle_remote__``.
+    returned unchanged, with the spec in ``fn.__twinkle_remote__``. ``wire`` offers the
+    method over HTTP (see :class:`WirePolicy`).
     """
     check_dispatch_mode(dispatch)
     _check_execute(execute)
@@ -83,11 +138,15 @@ def remote_function(
         raise TypeError(f"sync must be True or False, got {sync!r}")
     if lazy_collect is not None and not isinstance(lazy_collect, bool):
         raise TypeError(f"lazy_collect must be True, False or None, got {lazy_collect!r}")
-    spec = RemoteSpec(dispatch, execute, collect, sync, lazy_collect)
+    if wire is not None and not isinstance(wire, WirePolicy):
+        raise TypeError(f"wire must be a WirePolicy or None, got {wire!r}")
+    spec = RemoteSpec(dispatch, execute, collect, sync, lazy_collect, wire)
 
     def mark(fn: F) -> F:
         if not callable(fn):
             raise TypeError(f"@remote_function(...) decorates a method, got {fn!r}")
+        if wire is not None:
+            wire.check_parameters(fn)
         fn.__twinkle_remote__ = spec
         return fn
 

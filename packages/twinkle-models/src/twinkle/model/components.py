@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from twinkle.data_format import sampled_input_features
-from twinkle.infra import remote_function
+from twinkle.infra import WirePolicy, remote_function
 from twinkle.loss import build_loss
 from twinkle.metric import MetricCollection, build_metric, build_train_metrics
 from twinkle.model.default_optimizer import DEFAULT_OPTIMIZER, default_lr
@@ -76,11 +76,15 @@ class TrainUnitsMixin:
             f"this model has several adapters ({', '.join(names)}): pass adapter_name="
         )
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(named=("loss",)))
     def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._state(adapter_name).loss = build_loss(loss, **kwargs)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(
+        dispatch="all",
+        collect="first",
+        wire=WirePolicy(named=("template",), client_drops=("model_id",)),
+    )
     def set_template(
         self, template: Any, *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
@@ -88,7 +92,7 @@ class TrainUnitsMixin:
             kwargs.setdefault("model_id", self.model_id)
         self._state(adapter_name).template = build_template(template, **kwargs)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(named=("processor",)))
     def set_processor(
         self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
@@ -165,7 +169,7 @@ class TrainUnitsMixin:
             self.set_optimizer(DEFAULT_OPTIMIZER, lr=lr, adapter_name=None if full else state.name)
         return self._require_optimizer(state, action)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(positive=("max_norm",)))
     def clip_grad_norm(self, max_norm: float = 1.0, *, adapter_name: str | None = None) -> float:
         """Normalise (and reduce) the accumulated gradients, then clip their global norm;
         returns the norm. A unit without an optimizer gets the default one first."""
@@ -173,24 +177,24 @@ class TrainUnitsMixin:
         self._optimizer_or_default(state, "clip_grad_norm")
         return self._clip(state, max_norm)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def step(self, *, adapter_name: str | None = None) -> None:
         """One optimizer step; a unit without an optimizer gets the default one first."""
         state = self._state(adapter_name)
         self._optimizer_or_default(state, "step")
         self._step(state)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def zero_grad(self, *, adapter_name: str | None = None) -> None:
         self._zero_grad(self._state(adapter_name))
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def lr_step(self, *, adapter_name: str | None = None) -> None:
         state = self._state(adapter_name)
         if state.lr_scheduler is not None:
             state.lr_scheduler.step()
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(positive=("max_grad_norm",)))
     def clip_grad_and_step(
         self,
         max_grad_norm: float = 1.0,

@@ -2,7 +2,8 @@
 
 peft takes ``LoraConfig(lora_alpha=nan, bias="evil")`` without a word, and
 ``clip_grad_norm(max_norm=-1)`` flips every gradient's sign (NaN makes them NaN): each is
-refused here with the field and its range, before the run or the adapter is touched.
+refused with the field and its range, before the run or the adapter is touched (a model
+method's numbers are the ``positive`` of its wire policy, checked with ``POSITIVE``).
 """
 
 from __future__ import annotations
@@ -14,17 +15,6 @@ from twinkle.server.errors import BadRequest
 
 LORA_BIASES = ("none", "all", "lora_only")
 POSITIVE = {"low": 0, "low_open": True}
-METHOD_BOUNDS: dict[str, dict[str, dict[str, Any]]] = {
-    "clip_grad_norm": {"max_norm": POSITIVE},
-    "clip_grad_and_step": {"max_grad_norm": POSITIVE},
-}
-
-
-def check_method_args(method: str, kwargs: dict[str, Any]) -> None:
-    """The numbers of a simple model method (``clip_grad_norm`` ...) within their ranges."""
-    for name, bounds in METHOD_BOUNDS.get(method, {}).items():
-        if name in kwargs:
-            number(kwargs[name], f"{method} {name}", **bounds)
 
 
 def check_lora_values(values: dict[str, Any]) -> None:

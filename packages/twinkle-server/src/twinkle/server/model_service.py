@@ -20,12 +20,14 @@ from typing import Any
 
 from peft import LoraConfig
 
+from twinkle.infra.remote import WirePolicy
 from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.checkpoint_recovery import pause_point
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
 from twinkle.processor import InputProcessor
 from twinkle.server.auth import Principal
 from twinkle.server.checkpoint_recovery import reconcile_checkpoints, run_folder_name
+from twinkle.server.checks import number
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import (
     ApiError,
@@ -36,8 +38,9 @@ from twinkle.server.errors import (
     NotFound,
     as_api_error,
 )
-from twinkle.server.model_args import check_lora_values, check_method_args
+from twinkle.server.model_args import POSITIVE, check_lora_values
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
+from twinkle.server.remote_api import method_spec, parameter_names, wire_methods
 from twinkle.server.scheduler import FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
 from twinkle.server.wire import (
@@ -100,7 +103,9 @@ class ModelService:
         self.live: dict[str, LiveRun] = {}
         store.deactivate_runs()  # no adapter survives a restart; checkpoints do
         reconcile_checkpoints(store, self.checkpoints)
-        self.methods: dict[str, Callable[..., Any]] = {
+        # Every method the model offers over HTTP (its @remote_function wire policy); those
+        # that build components by name, decode rows or touch the store have a handler here.
+        handlers = {
             "set_loss": self._set_loss,
             "set_optimizer": self._set_optimizer,
             "set_lr_scheduler": self._set_lr_scheduler,
@@ -108,19 +113,18 @@ class ModelService:
             "set_processor": self._set_processor,
             "forward_backward": self._forward_backward,
             "forward_only": self._forward_only,
-            "clip_grad_norm": self._simple("clip_grad_norm", ("max_norm",)),
-            "step": self._simple("step", ()),
-            "zero_grad": self._simple("zero_grad", ()),
-            "lr_step": self._simple("lr_step", ()),
-            "clip_grad_and_step": self._simple(
-                "clip_grad_and_step", ("max_grad_norm", "gradient_accumulation_steps")
-            ),
-            "calculate_metric": self._simple("calculate_metric", ("is_training",)),
             "get_train_configs": self._train_configs,
             "save": self._save,
             "load": self._load,
             "resume_from_checkpoint": self._resume,
         }
+        self.methods: dict[str, Callable[..., Any]] = {
+            name: handlers.pop(name, None) or self._simple(name, wire)
+            for name, wire in wire_methods(MultiLoraTransformersModel).items()
+            if not wire.own_route
+        }
+        if handlers:
+            raise RuntimeError(f"handlers for methods not offered over HTTP: {sorted(handlers)}")
 
     @property
     def base_model(self) -> str:
@@ -326,13 +330,19 @@ class ModelService:
         output = self.model.forward_only(batch, adapter_name=live.adapter, **kwargs)
         return output.to_dict()
 
-    def _simple(self, method: str, names: tuple[str, ...]) -> Callable[..., Any]:
+    def _simple(self, method: str, wire: WirePolicy) -> Callable[..., Any]:
+        """A method whose plain JSON arguments go to the model as they are, its ``positive``
+        numbers checked first."""
+        names = set(parameter_names(method_spec(getattr(MultiLoraTransformersModel, method), wire)))
+
         def handler(principal, live, **kwargs) -> Any:
-            unknown = set(kwargs) - set(names)
+            unknown = set(kwargs) - names
             if unknown:
                 raise BadRequest(f"{method} takes no argument(s) {sorted(unknown)}")
             kwargs = plain_kwargs(kwargs, method)
-            check_method_args(method, kwargs)
+            for name in wire.positive:
+                if name in kwargs:
+                    number(kwargs[name], f"{method} {name}", **POSITIVE)
             return encode(getattr(self.model, method)(adapter_name=live.adapter, **kwargs))
 
         return handler

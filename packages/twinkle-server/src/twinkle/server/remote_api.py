@@ -1,70 +1,131 @@
 """The remote API, derived from the local components themselves.
 
-For each component a client can drive remotely, the methods it may call and their
-parameters, read with ``inspect`` from the local class (MultiLoraTransformersModel,
-Dataset, DataLoader, the Sampler protocol). The server publishes this at
-``GET /api/v1/twinkle/api``; twinkle-client's proxies carry the same table and a test
-checks the two agree, so a proxy cannot drift from the component it mirrors.
+A model method is offered over HTTP by one declaration: ``wire=WirePolicy(...)`` in its
+``@remote_function`` (``twinkle.infra.remote``). From it come the server's dispatch table
+(``ModelService.methods``), ``GET /api/v1/twinkle/api`` and twinkle-client's proxies. The
+other components' methods (Dataset, DataLoader, the Sampler protocol) are listed here.
+
+The client must stay torch-free, so it cannot import the model classes to read their
+specs. It ships the table as data instead: ``twinkle_client/remote_api.json``, written by
+``python -m twinkle.server.remote_api`` and committed; a server test regenerates it and
+fails unless the bytes are the same. Data rather than generated code keeps the client's
+proxies plain functions built at import (help() and tab completion read the signatures
+and docstrings carried in the table), and a stale table shows as a one-file diff.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
-MODEL_METHODS = (
-    "add_adapter_to_model",
-    "set_loss",
-    "set_optimizer",
-    "set_lr_scheduler",
-    "set_template",
-    "set_processor",
-    "forward_backward",
-    "forward_only",
-    "clip_grad_norm",
-    "step",
-    "zero_grad",
-    "lr_step",
-    "clip_grad_and_step",
-    "calculate_metric",
-    "get_train_configs",
-    "save",
-    "load",
-    "resume_from_checkpoint",
-)
+from twinkle.infra.remote import WirePolicy, find_remote_spec
+
 SAMPLER_METHODS = ("sample", "set_template")
 DATASET_METHODS = ("set_template", "map", "encode")
 DATALOADER_METHODS = ("get_state", "resume_from_checkpoint")
 SERVER_ONLY = {"self", "adapter_name", "output_dir", "device_mesh", "remote_group"}
+KINDS = {
+    inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+    inspect.Parameter.KEYWORD_ONLY: "keyword",
+    inspect.Parameter.VAR_KEYWORD: "var_keyword",
+}
+TABLE_FILE = "remote_api.json"
 
 
-def parameters(func: Any) -> list[str]:
-    """Parameter names a client passes (``**`` for a catch-all of keyword arguments)."""
-    names = []
-    # add_adapter_to_model's adapter_name is the client's display name for its run.
-    dropped = (
-        SERVER_ONLY - {"adapter_name"} if func.__name__ == "add_adapter_to_model" else SERVER_ONLY
-    )
+def wire_methods(cls: type) -> dict[str, WirePolicy]:
+    """The methods of ``cls`` offered over HTTP (a ``wire`` in their spec), by name."""
+    methods = {}
+    for name in sorted(dir(cls)):
+        spec = find_remote_spec(cls, name) if callable(getattr(cls, name, None)) else None
+        if spec is not None and spec.wire is not None:
+            methods[name] = spec.wire
+    return methods
+
+
+def parameter_specs(func: Any, keep: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The parameters a client passes, as JSON: name, kind and default (when it has one)."""
+    params = []
     for param in inspect.signature(func).parameters.values():
-        if param.name in dropped:
+        if param.name in SERVER_ONLY - set(keep):
             continue
-        names.append("**" if param.kind is param.VAR_KEYWORD else param.name)
-    return names
+        if param.kind not in KINDS:
+            raise TypeError(f"{func.__qualname__}: *{param.name} cannot be offered over HTTP")
+        entry: dict[str, Any] = {"name": param.name, "kind": KINDS[param.kind]}
+        if param.default is not param.empty:
+            json.dumps(param.default)  # a default the client cannot carry fails here
+            entry["default"] = param.default
+        params.append(entry)
+    return params
 
 
-def describe() -> dict[str, dict[str, list[str]]]:
+def method_spec(func: Any, wire: WirePolicy | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "params": parameter_specs(func, wire.server_names if wire else ()),
+        "doc": inspect.getdoc(func) or "",
+    }
+    if wire is not None:
+        entry["wire"] = {
+            "named": list(wire.named),
+            "batch": wire.batch,
+            "positive": list(wire.positive),
+            "returns": wire.returns,
+            "client_drops": list(wire.client_drops),
+            "own_route": wire.own_route,
+        }
+    return entry
+
+
+def specification() -> dict[str, dict[str, dict[str, Any]]]:
+    """The full table the client ships: every method's parameters, docstring and policy."""
     from twinkle.dataloader import DataLoader
     from twinkle.dataset import Dataset
     from twinkle.model.transformers.multi_lora import MultiLoraTransformersModel
     from twinkle.sampler.base import Sampler
 
-    tables = {
-        "model": (MultiLoraTransformersModel, MODEL_METHODS),
-        "sampler": (Sampler, SAMPLER_METHODS),
-        "dataset": (Dataset, DATASET_METHODS),
-        "dataloader": (DataLoader, DATALOADER_METHODS),
+    model = MultiLoraTransformersModel
+    table = {
+        "model": {
+            name: method_spec(getattr(model, name), wire)
+            for name, wire in wire_methods(model).items()
+        }
     }
+    for component, cls, methods in (
+        ("sampler", Sampler, SAMPLER_METHODS),
+        ("dataset", Dataset, DATASET_METHODS),
+        ("dataloader", DataLoader, DATALOADER_METHODS),
+    ):
+        table[component] = {name: method_spec(getattr(cls, name), None) for name in methods}
+    return table
+
+
+def parameter_names(entry: dict[str, Any]) -> list[str]:
+    """A method's parameter names (``**`` for a catch-all of keyword arguments)."""
+    return ["**" if p["kind"] == "var_keyword" else p["name"] for p in entry["params"]]
+
+
+def describe() -> dict[str, dict[str, list[str]]]:
+    """The table as ``GET /api`` publishes it: each method's parameter names."""
     return {
-        component: {name: parameters(getattr(cls, name)) for name in methods}
-        for component, (cls, methods) in tables.items()
+        component: {name: parameter_names(entry) for name, entry in methods.items()}
+        for component, methods in specification().items()
     }
+
+
+def render() -> str:
+    """The bytes of ``remote_api.json``: stable order, one trailing newline."""
+    return json.dumps(specification(), indent=1, ensure_ascii=False) + "\n"
+
+
+def client_table_path() -> Path:
+    import twinkle_client
+
+    return Path(twinkle_client.__file__).parent / TABLE_FILE
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else client_table_path()
+    path.write_text(render(), encoding="utf-8")
+    print(f"wrote {path}")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from twinkle.infra import remote_function
+from twinkle.infra import WirePolicy, remote_function
 from twinkle.model.checkpoint import (
     OPTIMIZER_DIR,
     OPTIMIZER_FILE,
@@ -75,7 +75,7 @@ SHARDED = "sharded"  # the optimizer state lives in optimizer/, read by torch.di
 class CheckpointingMixin:
     """save / load / resume_from_checkpoint / merge_and_export for TransformersModel."""
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def save(
         self,
         name: str,
@@ -166,7 +166,7 @@ class CheckpointingMixin:
     def _rank(self) -> int:
         return dist.get_rank() if self._distributed_plan() is not None else 0
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def load(
         self,
         path: str | os.PathLike,
@@ -185,7 +185,7 @@ class CheckpointingMixin:
         """
         self._restore_checkpoint(path, adapter_name, training_state=load_optimizer)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def resume_from_checkpoint(
         self,
         path: str | os.PathLike,

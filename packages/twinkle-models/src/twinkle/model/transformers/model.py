@@ -26,7 +26,7 @@ from peft import PeftConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
 from twinkle.data_format import ModelOutput
-from twinkle.infra import get_global_device_mesh, remote_class, remote_function
+from twinkle.infra import WirePolicy, get_global_device_mesh, remote_class, remote_function
 from twinkle.loss import chunked_logps, logps_from_logits, prefers_chunked
 from twinkle.mesh import DeviceMesh, Platform
 from twinkle.model.base import TwinkleModel
@@ -188,7 +188,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         if not self.model.training:
             self.model.train()
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(
+        dispatch="all",
+        collect="first",
+        wire=WirePolicy(server_names=("adapter_name",), own_route=True),
+    )
     def add_adapter_to_model(
         self,
         adapter_name: str,
@@ -281,7 +285,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
             )
         self.model.to(self.device)
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(named=("optimizer_cls",)))
     def set_optimizer(
         self, optimizer_cls: Any = "AdamW", *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
@@ -290,7 +294,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         state.optimizer = build_optimizer(self.model, optimizer_cls, **kwargs)
         state.lr_scheduler = None
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy(named=("scheduler_cls",)))
     def set_lr_scheduler(
         self,
         scheduler_cls: Any = "CosineWarmupScheduler",
@@ -432,7 +436,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
             )
         return task
 
-    @remote_function(dispatch=slice_dp_rows, collect="first")
+    @remote_function(
+        dispatch=slice_dp_rows,
+        collect="first",
+        wire=WirePolicy(batch="inputs", returns="model_output"),
+    )
     def forward_backward(
         self,
         inputs: Any,
@@ -541,7 +549,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         self._backward(state, batch, outputs, loss, num_tokens)
         state.pending_forward = state.pending_loss = None
 
-    @remote_function(dispatch=slice_dp_rows, collect="first")
+    @remote_function(
+        dispatch=slice_dp_rows,
+        collect="first",
+        wire=WirePolicy(batch="inputs", returns="model_output"),
+    )
     @torch.no_grad()
     def forward_only(
         self,
@@ -639,7 +651,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
 
     # ---- reporting ------------------------------------------------------------------------
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def calculate_metric(
         self, is_training: bool = True, *, adapter_name: str | None = None
     ) -> dict[str, float]:
@@ -651,7 +663,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
             collection.reduce_across(plan.all_reduce_tensor)
         return collection.calculate_and_reset()
 
-    @remote_function(dispatch="all", collect="first")
+    @remote_function(dispatch="all", collect="first", wire=WirePolicy())
     def get_train_configs(self, *, adapter_name: str | None = None) -> str:
         state = self._state(adapter_name)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
