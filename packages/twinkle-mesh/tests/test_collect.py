@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import torch
 
-from twinkle.infra import collect
+from twinkle.data_format import ModelOutput
+from twinkle.infra import collect, dispatch
 from twinkle.mesh import DeviceMesh
 
 
@@ -149,7 +151,7 @@ def test_the_pages_collect_function_reads_the_rank_array_and_dim_names():
 
 
 def test_unknown_mode_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="'none', 'flatten', 'mean', 'sum', 'first', 'last_pp'"):
+    with pytest.raises(ValueError, match="'first', 'last_pp', 'rows'"):
         collect("avg", [1])
 
 
@@ -158,3 +160,77 @@ def test_results_must_be_a_non_empty_list():
         collect("first", {"a": 1})
     with pytest.raises(ValueError, match="no results"):
         collect("mean", [])
+
+
+def _share_output(logps: torch.Tensor, labels: torch.Tensor) -> ModelOutput:
+    """What a worker's forward_backward returns for its rows: the mean of its summed loss
+    over its label tokens, the count, and its rows' logps (right-padded to its longest)."""
+    if logps.shape[0] == 0:
+        return ModelOutput(logps=torch.empty(0, 0), num_tokens=0.0)
+    mask = labels != -100
+    tokens = float(mask.sum())
+    loss_sum = float(-(logps * mask).sum())
+    return ModelOutput(loss=loss_sum / tokens, logps=logps, num_tokens=tokens)
+
+
+@pytest.mark.parametrize(("rows", "dp"), [(5, 2), (3, 2), (1, 2), (4, 4), (2, 3)])
+def test_rows_restores_the_batch_of_one_process_from_the_slice_dp_shares(rows, dp):
+    """Uneven shares, and workers with no rows (fewer rows than workers), come back as the
+    output one process returns for the whole batch: the loss is the summed losses over the
+    summed tokens, not a mean of the shares' means."""
+    mesh = DeviceMesh.from_sizes(dp_size=dp, device_type="cpu")
+    generator = torch.Generator().manual_seed(rows * 10 + dp)
+    lengths = [3 + (7 * i) % 5 for i in range(rows)]
+    width = max(lengths)
+    logps = -torch.rand(rows, width, generator=generator, dtype=torch.float64)
+    labels = torch.tensor([[1] * n + [-100] * (width - n) for n in lengths])
+    logps = logps * (labels != -100)  # a model's logps are 0 off the labels
+    whole = _share_output(logps, labels)
+    results = []
+    for worker in range(dp):
+        (share_logps, share_labels, share_lengths), _ = dispatch(
+            "slice_dp", dp, worker, (logps.numpy(), labels.numpy(), lengths), {}, mesh
+        )
+        keep = max(share_lengths, default=0)  # each worker pads to its own longest row
+        share_logps, share_labels = share_logps[:, :keep], share_labels[:, :keep]
+        results.append(_share_output(torch.from_numpy(share_logps), torch.from_numpy(share_labels)))
+    joined = collect("rows", results, mesh)
+    assert isinstance(joined, ModelOutput)
+    torch.testing.assert_close(joined.logps, whole.logps, rtol=0, atol=0)
+    assert joined.num_tokens == whole.num_tokens
+    assert joined.loss == pytest.approx(whole.loss, rel=1e-12)
+
+
+def test_rows_reads_one_result_per_data_rank_of_the_last_stage():
+    mesh = DeviceMesh.from_sizes(pp_size=2, dp_size=2, tp_size=2, device_type="cpu")
+    results = [
+        {"logps": np.full((1, 2), float(r)), "num_tokens": 2.0, "loss": float(r)} for r in range(8)
+    ]
+    joined = collect("rows", results, mesh)  # last stage: ranks 4 (dp 0) and 6 (dp 1)
+    np.testing.assert_array_equal(joined["logps"][:, 0], [4.0, 6.0])
+    assert joined["num_tokens"] == 4.0 and joined["loss"] == 5.0
+    assert isinstance(joined, dict)
+
+
+def test_rows_pads_numpy_rows_and_joins_lists_and_keeps_shared_values():
+    results = [
+        {"logps": np.ones((2, 3)), "ids": [1, 2], "adapter": "a"},
+        {"logps": np.ones((1, 5)), "ids": [3], "adapter": "a"},
+        {"logps": np.empty((0, 0)), "ids": [], "adapter": "a"},
+    ]
+    joined = collect("rows", results)
+    assert joined["logps"].shape == (3, 5)
+    np.testing.assert_array_equal(joined["logps"][:2, 3:], 0)
+    assert joined["ids"] == [1, 2, 3] and joined["adapter"] == "a"
+    assert collect("rows", [None, None]) is None
+
+
+def test_rows_refuses_what_it_cannot_join():
+    with pytest.raises(ValueError, match="without its num_tokens"):
+        collect("rows", [ModelOutput(loss=1.0), ModelOutput(loss=2.0)])
+    with pytest.raises(ValueError, match=r"result\['step'\] is 1 on one data rank but 2"):
+        collect("rows", [{"step": 1}, {"step": 2}])
+    with pytest.raises(ValueError, match="different number of axes"):
+        collect("rows", [{"x": np.ones((1, 2))}, {"x": np.ones(3)}])
+    with pytest.raises(ValueError, match="needs the component's device_mesh"):
+        collect("rows", [{"x": [1]}], DeviceMesh.from_sizes(dp_size=2, device_type="cpu").mesh)

@@ -1,6 +1,9 @@
 """The model's batch methods dispatch a sampler's result over data-parallel Ray workers by
 sequence, as its per-sequence loss arguments are cut (a pure function, no Ray needed)."""
 
+import numpy as np
+import torch
+
 from twinkle.data_format import InputFeature, SampledSequence, SampleResponse
 from twinkle.infra import dispatch
 from twinkle.mesh import DeviceMesh
@@ -44,3 +47,22 @@ def test_one_response_positionally_is_cut_too_and_features_pass_as_they_are():
     features = [s.new_input_feature for s in response.sequences]
     (inputs,), _ = dispatch(slice_dp_rows, 2, 0, (features,), {}, mesh)
     assert inputs == features[:1]
+
+
+def test_a_collated_batch_of_tensors_is_cut_by_rows_as_arrays_are():
+    mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")
+    batch = {"input_ids": torch.arange(15).reshape(5, 3), "labels": np.arange(15).reshape(5, 3)}
+    weights = torch.ones(5, 3)
+    shares = [
+        dispatch(
+            slice_dp_rows, 2, i, (batch,), {"weights": weights, "scale": torch.tensor(2.0)}, mesh
+        )
+        for i in range(2)
+    ]
+    for (share,), kwargs in shares:
+        assert share["input_ids"].tolist() == share["labels"].tolist()  # the same rows
+        assert kwargs["weights"].shape[0] == share["input_ids"].shape[0]
+        assert float(kwargs["scale"]) == 2.0  # a 0-d tensor goes whole
+    assert [share["input_ids"].shape[0] for (share,), _ in shares] == [3, 2]
+    joined = torch.cat([share["input_ids"] for (share,), _ in shares])
+    assert torch.equal(joined, batch["input_ids"])

@@ -42,24 +42,31 @@ def make_dataset() -> Dataset:
     return dataset
 
 
-def train(model, dataloader) -> list[float]:
-    """The user's loop: forward_backward, clip_grad_and_step, read the metrics each step."""
+def train(model, dataloader, outputs: list | None = None) -> list[float]:
+    """The user's loop: forward_backward, clip_grad_and_step, read the metrics each step;
+    forward_backward's own outputs (loss, logps, num_tokens) go to ``outputs``."""
     model.set_optimizer("AdamW", lr=1e-3)
     losses = []
     for step, batch in enumerate(dataloader):
         if step == STEPS:
             break
-        model.forward_backward(inputs=batch)
+        output = model.forward_backward(inputs=batch)
+        if outputs is not None:
+            outputs.append({k: output[k] for k in ("loss", "logps", "num_tokens")})
         model.clip_grad_and_step()
         losses.append(model.calculate_metric(is_training=True)["loss"])
     return losses
+
+
+LOCAL_OUTPUTS: list = []  # forward_backward's outputs of the one-process run
 
 
 @pytest.fixture(scope="module")
 def local_losses():
     reset()
     twinkle.initialize("local")
-    losses = train(TransformersModel(MODEL), DataLoader(make_dataset(), batch_size=BATCH))
+    model = TransformersModel(MODEL)
+    losses = train(model, DataLoader(make_dataset(), batch_size=BATCH), LOCAL_OUTPUTS)
     reset()
     return losses
 
@@ -94,10 +101,18 @@ def ray_groups(tmp_path_factory, local_losses):
 
 
 def test_ray_dp2_gives_the_losses_of_one_process(local_losses, ray_groups):
+    """forward_backward returns the whole batch's output (collect='rows'), not worker 0's
+    share: every row's logps, the loss over both workers' tokens and their count."""
     model = TransformersModel(MODEL, remote_group="model")
-    losses = train(model, DataLoader(make_dataset(), batch_size=BATCH))
+    outputs = []
+    losses = train(model, DataLoader(make_dataset(), batch_size=BATCH), outputs)
     assert len(losses) == STEPS and losses[0] > losses[-1]
     torch.testing.assert_close(losses, local_losses, rtol=0, atol=TOLERANCE)
+    for got, expected in zip(outputs, LOCAL_OUTPUTS, strict=True):
+        assert got["logps"].shape == expected["logps"].shape
+        assert got["num_tokens"] == expected["num_tokens"]
+        torch.testing.assert_close(got["logps"], expected["logps"], rtol=0, atol=TOLERANCE)
+        assert got["loss"] == pytest.approx(expected["loss"], abs=TOLERANCE)
 
 
 def test_batches_from_a_data_group_flow_worker_to_worker(local_losses, ray_groups):

@@ -170,9 +170,13 @@ def test_unknown_loss_lists_the_known_ones():
 
 
 def test_empty_batch_is_a_clear_error():
+    """Only a data-parallel worker's share may be empty (it then adds no rows)."""
     model = TransformersModel(MODEL_ID)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="forward_backward got an empty batch"):
         model.forward_backward([])
+    empty = {"input_ids": torch.zeros(0, 4, dtype=torch.long)}
+    with pytest.raises(ValueError, match="forward_only got an empty batch"):
+        model.forward_only(empty)
 
 
 def test_a_batch_without_label_tokens_is_an_error_not_nan(features):

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from twinkle.infra.collect import collect
 from twinkle.infra.dispatch import dispatch
+from twinkle.infra.remote import find_remote_spec
 from twinkle.mesh import DeviceMesh
 from twinkle.utils.testing import reduction_tolerance
 
@@ -96,30 +98,34 @@ def _logprobs(result: dict) -> list[np.ndarray]:
 
 
 def test_data_parallel_workers_outputs_join_in_datum_order(server, make_tenant, monkeypatch):
-    """Two workers played in process: the real ``slice_dp`` dispatch cuts the batch, the model
-    runs each share, and the server gets the list of both outputs (``collect='none'``); with
-    one datum the second share is empty. The joined logprobs and loss:sum are those of one
-    worker's run (1e-6: the same rows in smaller matmuls)."""
+    """Two workers played in process: the model's own dispatch (``slice_dp_rows``) cuts the
+    batch tensors by rows, the model runs each share, and its ``collect='rows'`` joins the
+    two outputs, as a Ray group does. The joined logprobs and loss:sum are those of one
+    worker's run (float32 sums of the same rows in smaller matmuls). The idle share of a
+    one-datum batch needs DDP's collective, so it runs on real workers only
+    (tests/tinker/test_ray_data_parallel.py)."""
     state, http, keys = server
     tenant = make_tenant(http, keys["alice"])
     model_id = _create(tenant, 0, seed=1)
     model = state.model.model
-    one_worker = model.forward_backward_rows
+    one_worker = model.forward_backward
+    spec = find_remote_spec(type(model), "forward_backward")
     mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")
     shares = []
 
     def two_workers(*args, **kwargs):
         outputs = []
         for rank in range(2):
-            share_args, share_kwargs = dispatch("slice_dp", 2, rank, args, kwargs, mesh)
-            shares.append(len(share_args[0]["input_ids"]))
+            share_args, share_kwargs = dispatch(spec.dispatch, 2, rank, args, kwargs, mesh)
+            shares.append(share_args[0]["input_ids"].shape[0])
+            assert share_kwargs["weights"].shape[0] == shares[-1]  # loss inputs cut alike
             outputs.append(one_worker(*share_args, **share_kwargs))
-        return outputs
+        return collect(spec.collect, outputs, mesh)
 
     seq_id = 0
-    for datums, split in ((3, [2, 1]), (1, [1, 0])):
+    for datums, split in ((3, [2, 1]), (2, [1, 1])):
         expected = _result(tenant, model_id, seq_id := seq_id + 1, datums)
-        monkeypatch.setattr(model, "forward_backward_rows", two_workers)
+        monkeypatch.setattr(model, "forward_backward", two_workers)
         got = _result(tenant, model_id, seq_id := seq_id + 1, datums)
         monkeypatch.undo()
         assert shares[-2:] == split

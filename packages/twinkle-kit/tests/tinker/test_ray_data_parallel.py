@@ -1,7 +1,7 @@
 """The Tinker SDK trains against a ``mode: ray`` server whose model group has TWO data-parallel
-workers: each runs its share of a request's datums, the server joins every worker's logprobs
-in datum order, and the step applies the gradient of the whole batch's loss sum (DDP's
-reduction, then ``step_with(normalise=False)``).
+workers: each runs its share of a request's datums, the model's ``collect='rows'`` joins every
+worker's logprobs in datum order, and the step applies the gradient of the whole batch's loss
+sum (DDP's reduction, then ``step_with(normalise=False)``).
 
 The reference is the same model trained in this process, one worker, through the same
 ``model_ops`` functions with the same seeded LoRA weights: the per-datum logprobs, ``loss:sum``

@@ -18,7 +18,7 @@ import numpy as np
 
 from twinkle.mesh import DeviceMesh
 
-COLLECT_MODES = ("none", "flatten", "mean", "sum", "first", "last_pp")
+COLLECT_MODES = ("none", "flatten", "mean", "sum", "first", "last_pp", "rows")
 Collector = Callable[[list, DeviceMesh | None], Any]
 
 
@@ -51,6 +51,11 @@ def collect(mode: str | Collector, results: list, device_mesh: DeviceMesh | None
     - ``'last_pp'``: the results of the last pipeline stage, one per data rank
       (its first tp/cp/Ulysses peer), flattened in data-rank order; a single
       one is returned as is. Needs the component's device_mesh.
+    - ``'rows'``: what one process would have returned for the whole batch of a
+      batch method (``forward_backward``, ``forward_only``), the rows cut by
+      ``dispatch='slice_dp'``: see :func:`join_rows`. One result per data rank is
+      read (the last pipeline stage's first tp/cp/Ulysses peer), in data-rank
+      order; without a device_mesh every result is a data rank's.
     - a function ``(all_results, device_mesh) -> result``.
     """
     check_collect_mode(mode)
@@ -69,6 +74,9 @@ def collect(mode: str | Collector, results: list, device_mesh: DeviceMesh | None
         return _flatten(results, "")
     if mode == "last_pp":
         return _last_pp(results, device_mesh)
+    if mode == "rows":
+        shares = results if device_mesh is None else _per_data_rank(results, device_mesh, mode)
+        return join_rows(shares)
     return _reduce(results, "", mode)
 
 
@@ -168,15 +176,16 @@ def _reduce(values: list, path: str, mode: str) -> Any:
     return total / len(values) if mode == "mean" else total
 
 
-def _last_pp(results: list, device_mesh: DeviceMesh | None) -> Any:
+def _per_data_rank(results: list, device_mesh: DeviceMesh | None, mode: str) -> list:
+    """One result per data rank, from the last pipeline stage's first peer, in data-rank order."""
     if not isinstance(device_mesh, DeviceMesh):
         raise ValueError(
-            "collect='last_pp' needs the component's device_mesh to find the last pipeline stage; "
-            f"got {device_mesh!r}"
+            f"collect={mode!r} needs the component's device_mesh to find the last pipeline "
+            f"stage; got {device_mesh!r}"
         )
     if device_mesh.world_size != len(results):
         raise ValueError(
-            f"collect='last_pp': {len(results)} results for a device_mesh of world_size "
+            f"collect={mode!r}: {len(results)} results for a device_mesh of world_size "
             f"{device_mesh.world_size}; expected one result per rank"
         )
     last_stage = device_mesh.size("pp") - 1
@@ -184,5 +193,136 @@ def _last_pp(results: list, device_mesh: DeviceMesh | None) -> Any:
     for rank, result in enumerate(results):
         if device_mesh.coords(rank).get("pp", 0) == last_stage:
             by_data_rank.setdefault(device_mesh.data_rank_of(rank), result)
-    picked = [by_data_rank[k] for k in sorted(by_data_rank)]
+    return [by_data_rank[k] for k in sorted(by_data_rank)]
+
+
+def _last_pp(results: list, device_mesh: DeviceMesh | None) -> Any:
+    picked = _per_data_rank(results, device_mesh, "last_pp")
     return picked[0] if len(picked) == 1 else _flatten(picked, "")
+
+
+def join_rows(shares: list) -> Any:
+    """The result of a batch method for the whole batch, from each data rank's result for its
+    rows (in data-rank order, so joining restores the batch's row order).
+
+    A result is a mapping (a ModelOutput, rebuilt as one, or a dict) or a single value:
+
+    - arrays and tensors with a row axis are concatenated along it; shorter trailing axes
+      (per-token logps of a share with shorter rows) are right-padded with 0, as a model
+      pads its own rows, and a share without rows adds nothing;
+    - lists and tuples are concatenated;
+    - ``num_tokens`` (the loss's normaliser) is summed, and ``loss``, the mean of a sum over
+      the share's ``num_tokens``, becomes the batch's: the shares' sums over the summed
+      count. A share without tokens (``num_tokens`` 0 or a ``loss`` of None) adds nothing;
+    - any other value must be the same on every share (None counts as missing).
+    """
+    if not shares:
+        raise ValueError("collect='rows' got no results (zero workers)")
+    if all(share is None for share in shares):
+        return None
+    if all(hasattr(share, "keys") and hasattr(share, "__getitem__") for share in shares):
+        return _join_mappings(shares)
+    return _join_values(shares, "the result")
+
+
+def _join_mappings(shares: list) -> Any:
+    keys = list(dict.fromkeys(key for share in shares for key in share))
+    columns = {key: [share.get(key) for share in shares] for key in keys}
+    joined = {
+        key: _join_values(values, f"result[{key!r}]")
+        for key, values in columns.items()
+        if key not in ("loss", "num_tokens")
+    }
+    if "loss" in columns:
+        joined["loss"] = _joined_loss(columns["loss"], columns.get("num_tokens"))
+    if "num_tokens" in columns:
+        counts = [n for n in columns["num_tokens"] if n is not None]
+        joined["num_tokens"] = functools.reduce(operator.add, counts) if counts else None
+    kind = type(shares[0])
+    return dict(joined) if isinstance(shares[0], dict) else kind(**joined)
+
+
+def _joined_loss(losses: list, counts: list | None) -> Any:
+    """Sum over the shares' summed losses over their summed token counts."""
+    present = [(i, loss) for i, loss in enumerate(losses) if loss is not None]
+    if not present:
+        return None
+    if counts is None or any(counts[i] is None for i, _ in present):
+        if len(present) == 1:
+            return present[0][1]
+        raise ValueError(
+            "collect='rows': several workers returned a loss without its num_tokens, so the "
+            "batch's loss (their summed losses over their summed tokens) cannot be formed; "
+            "return num_tokens beside the loss"
+        )
+    weighted = [(float(loss) * float(counts[i]), float(counts[i])) for i, loss in present]
+    tokens = sum(count for _, count in weighted)
+    if tokens <= 0:
+        return None
+    return sum(total for total, _ in weighted) / tokens
+
+
+def _rows_of(value: Any) -> int | None:
+    """The number of rows of an array or tensor with a row axis, else None."""
+    shape = getattr(value, "shape", None)
+    if shape is None or len(shape) == 0 or not hasattr(value, "__getitem__"):
+        return None
+    return int(shape[0])
+
+
+def _join_values(values: list, where: str) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if all(isinstance(v, list | tuple) for v in present):
+        joined = [item for value in present for item in value]
+        return tuple(joined) if isinstance(present[0], tuple) else joined
+    if all(_rows_of(v) is not None for v in present):
+        return _concat_rows(present, where)
+    first = present[0]
+    for share, value in enumerate(values):
+        if value is not None and not _same(value, first):
+            raise ValueError(
+                f"collect='rows': {where} is {first!r} on one data rank but {value!r} on data "
+                f"rank {share}; a per-row value must be a list or an array with a row axis"
+            )
+    return first
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return a is b
+
+
+def _concat_rows(parts: list, where: str) -> Any:
+    with_rows = [p for p in parts if _rows_of(p) > 0] or parts[:1]
+    if len(with_rows) == 1:
+        return with_rows[0]
+    ndims = {len(p.shape) for p in with_rows}
+    if len(ndims) > 1:
+        shapes = [tuple(p.shape) for p in with_rows]
+        raise ValueError(
+            f"collect='rows': {where} has a different number of axes per worker ({shapes})"
+        )
+    width = [max(int(p.shape[axis]) for p in with_rows) for axis in range(1, ndims.pop())]
+    if isinstance(with_rows[0], np.ndarray):
+        padded = [np.pad(p, _np_padding(p.shape, width)) for p in with_rows]
+        return np.concatenate(padded, axis=0)
+    import torch  # a tensor came back, so torch is installed
+
+    padded = [torch.nn.functional.pad(p, _torch_padding(p.shape, width)) for p in with_rows]
+    return torch.cat(padded, dim=0)
+
+
+def _np_padding(shape: tuple, width: list[int]) -> list[tuple[int, int]]:
+    return [(0, 0)] + [(0, w - int(n)) for n, w in zip(shape[1:], width, strict=True)]
+
+
+def _torch_padding(shape: tuple, width: list[int]) -> tuple[int, ...]:
+    """torch's pad sizes run from the last axis backwards, (left, right) each."""
+    pads: list[int] = []
+    for n, w in reversed(list(zip(shape[1:], width, strict=True))):
+        pads += [0, w - int(n)]
+    return tuple(pads)

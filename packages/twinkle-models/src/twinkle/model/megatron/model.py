@@ -318,7 +318,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
 
         return run_schedule(self.chunks, micro, self.spec, state, forward_only)
 
-    @remote_function(dispatch=slice_dp_rows, collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="rows")
     def forward_backward(
         self,
         inputs: Any,
@@ -349,7 +349,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         state.pending_tokens += tokens
         return ModelOutput(loss=loss_sum / tokens, logps=logps, num_tokens=tokens)
 
-    @remote_function(dispatch=slice_dp_rows, collect="first")
+    @remote_function(dispatch=slice_dp_rows, collect="rows")
     @torch.no_grad()
     def forward_only(
         self, inputs: Any, *, adapter_name: str | None = None, **loss_kwargs: Any
@@ -365,7 +365,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         logps = restore(logps) if logps.numel() else logps
         loss = loss_sum / tokens if tokens > 0 else None
         state.pending_loss = (loss_sum, tokens) if tokens > 0 else None
-        return ModelOutput(loss=loss, logps=logps)
+        return ModelOutput(loss=loss, logps=logps, num_tokens=tokens if tokens > 0 else None)
 
     @remote_function(dispatch="all", collect="first")
     def calculate_loss(self, *, adapter_name: str | None = None) -> float:

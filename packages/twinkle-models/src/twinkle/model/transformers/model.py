@@ -438,7 +438,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
 
     @remote_function(
         dispatch=slice_dp_rows,
-        collect="first",
+        collect="rows",
         wire=WirePolicy(batch="inputs", returns="model_output"),
     )
     def forward_backward(
@@ -457,12 +457,20 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         model instead (``embedding_model``) and returns the pooled ``embeddings``; it takes
         no ``micro_batch_size``, since a contrastive loss scores each row against the whole
         batch: smaller batches are a different loss, not a split of this one.
+
+        On a Ray group each data-parallel worker runs its share of the rows and the call
+        returns the whole batch's output (``collect='rows'``): every row's logps, the loss
+        over all the tokens and their count. A worker whose share is empty (fewer rows than
+        workers) returns no rows and still joins the gradient reduction, adding zero.
         """
         state = self._state(adapter_name)
         state.pending_forward = state.pending_loss = None  # this forward is the last one
         self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
+        if self._is_idle_share(inputs, "forward_backward"):
+            self._idle_backward(state)
+            return ModelOutput(logps=torch.empty(0, 0), num_tokens=0.0)
         if self._check_task(task) == "embedding":
             return self._embedding_forward_backward(inputs, state, micro_batch_size, **loss_kwargs)
         batch = self._collate(inputs, state)
@@ -551,7 +559,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
 
     @remote_function(
         dispatch=slice_dp_rows,
-        collect="first",
+        collect="rows",
         wire=WirePolicy(batch="inputs", returns="model_output"),
     )
     @torch.no_grad()
@@ -572,11 +580,13 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         self.model.eval()
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None
+        if self._is_idle_share(inputs, "forward_only"):
+            return ModelOutput(logps=torch.empty(0, 0), num_tokens=0.0)
         if self._check_task(task) == "embedding":
             return self._embedding_forward_only(inputs, state, **loss_kwargs)
         batch = self._collate(inputs, state)
         outputs = self._run(state, self._forward, batch)
-        loss = None
+        loss = tokens = None
         if "labels" in batch:
             loss_sum, tokens = self._loss(batch, outputs, state, **loss_kwargs)
             loss = float(loss_sum) / tokens
@@ -588,7 +598,30 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
                 )
             # Kept for calculate_loss, without the full-vocabulary logits (the loss reads logps).
             state.pending_forward = (batch, {k: v for k, v in outputs.items() if k != "logits"})
-        return ModelOutput(loss=loss, logps=outputs.get("logps", torch.empty(0)).cpu())
+        logps = outputs.get("logps", torch.empty(0)).cpu()
+        return ModelOutput(loss=loss, logps=logps, num_tokens=tokens)
+
+    def _is_idle_share(self, inputs: Any, method: str) -> bool:
+        """Whether ``inputs`` holds no rows: a data-parallel worker's empty share of a batch
+        with fewer rows than workers. A single process given no rows is refused."""
+        if isinstance(inputs, Mapping) or hasattr(inputs, "keys"):
+            ids = inputs.get("input_ids") if hasattr(inputs, "get") else None
+            rows = None if ids is None or not hasattr(ids, "shape") else ids.shape[0]
+        else:
+            rows = len(inputs) if isinstance(inputs, list | tuple) else None
+        if rows != 0:
+            return False
+        if not self._parallel().distributed:
+            raise ValueError(f"{method} got an empty batch; give it at least one sequence")
+        return True
+
+    def _idle_backward(self, state: TrainState) -> None:
+        """A backward whose gradient is zero, on one pad token: under DDP each synchronised
+        backward is a collective that every rank must join, rows or not."""
+        pad = torch.full((1, 1), self._pad_token_id() or 0, device=self.device)
+        batch = {"input_ids": pad, "attention_mask": torch.ones_like(pad)}
+        outputs = self._run(state, self._forward, batch, final_backward=self._steps_now(state))
+        (outputs["logits"].sum() * 0).backward()
 
     # ---- optimizer steps ------------------------------------------------------------------
 

@@ -18,12 +18,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-import torch
 import torch.distributed as dist
 from peft import LoraConfig, PeftConfig
 
-from twinkle.data_format import ModelOutput
 from twinkle.infra import remote_function
 from twinkle.model.train_state import TrainState
 from twinkle.model.transformers.model import TransformersModel
@@ -117,47 +114,6 @@ class MultiLoraTransformersModel(TransformersModel):
             self._activate(self._states[remaining[0]])
         else:
             self.model.active_adapter = self.model.base_model.active_adapter  # []
-
-    @remote_function(dispatch="slice_dp", collect="none")
-    def forward_backward_rows(
-        self,
-        batch: dict[str, np.ndarray],
-        *,
-        adapter_name: str,
-        forward_only: bool = False,
-        **loss_kwargs: np.ndarray,
-    ) -> ModelOutput:
-        """``forward_backward`` (or ``forward_only``) of a collated batch, for callers that need
-        every row's logps back: on a group of data-parallel workers (a dp-only mesh) each runs
-        its share of the rows and ALL workers' outputs come back, a list in worker order
-        (``slice_dp`` cuts the rows in contiguous shares, in data-rank order), so joining them
-        restores the batch.
-
-        Takes numpy arrays, which the dispatch cuts by rows (it hands tensors whole to every
-        worker). A worker whose share is empty (fewer rows than workers) returns no rows, and
-        in a training pass still joins the gradient reduction, adding zero.
-        """
-        tensors = {key: torch.tensor(value) for key, value in batch.items()}
-        loss_tensors = {
-            key: torch.tensor(value) if isinstance(value, np.ndarray) else value
-            for key, value in loss_kwargs.items()
-        }
-        if tensors["input_ids"].shape[0] == 0:
-            if not forward_only:
-                self._idle_backward(adapter_name)
-            return ModelOutput(logps=torch.empty(0, 0))
-        run = self.forward_only if forward_only else self.forward_backward
-        return run(tensors, adapter_name=adapter_name, **loss_tensors)
-
-    def _idle_backward(self, adapter_name: str) -> None:
-        """A backward whose gradient is zero, on one pad token: under DDP each synchronised
-        backward is a collective that every rank must join, rows or not."""
-        state = self._state(adapter_name)
-        self._train_mode()
-        pad = torch.full((1, 1), self._pad_token_id() or 0, device=self.device)
-        batch = {"input_ids": pad, "attention_mask": torch.ones_like(pad)}
-        outputs = self._run(state, self._forward, batch, final_backward=self._steps_now(state))
-        (outputs["logits"].sum() * 0).backward()
 
     @remote_function(dispatch="all", collect="first")
     def pad_token_id(self) -> int:

@@ -115,18 +115,15 @@ def forward_backward(
     """Run a batch from ``batch.build_batch``; returns per-datum ``{"logprobs": array}`` and
     the metrics (``loss:sum``: the Tinker loss summed over the request's tokens).
 
-    On data-parallel workers each runs its share of the rows; their logps, joined in worker
-    order, are the batch's, so ``loss:sum`` covers every worker's tokens, and the gradients
-    their reduction sums are those of the whole batch's loss sum (see ``optim_step``)."""
+    On data-parallel workers each runs its share of the rows and the model returns the
+    whole batch's output (its ``collect='rows'``): every row's logps in datum order and the
+    loss over all the tokens, and the gradients their reduction sums are those of the whole
+    batch's loss sum (see ``optim_step``). ``loss:sum`` is the Tinker loss of every row's
+    logps: the model's own loss would add a MoE's router loss."""
     model = service.model
     model.set_loss(loss, adapter_name=adapter)
-    arrays = {key: value.numpy() for key, value in batch.items()}
-    loss_arrays = {key: value.numpy() for key, value in loss_inputs.items()}
-    parts = model.forward_backward_rows(
-        arrays, adapter_name=adapter, forward_only=forward_only, **loss_arrays
-    )
-    parts = parts if isinstance(parts, list) else [parts]  # one in-process model: one output
-    logps = torch.cat([part.logps for part in parts if part.logps.shape[0] > 0])
+    run = model.forward_only if forward_only else model.forward_backward
+    logps = run(batch, adapter_name=adapter, **loss_inputs)["logps"]
     with torch.no_grad():
         loss_sum = float(loss(batch, {"logps": logps}, **loss_inputs)["loss"])
     outputs = [{"logprobs": row} for row in per_datum_logprobs(logps, lengths)]
