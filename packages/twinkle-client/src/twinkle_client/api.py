@@ -1,7 +1,7 @@
 """The remote API: which methods of which components a client may call, with their parameters.
 
 The table is data, ``remote_api.json`` beside this module, written by the server package
-(``python -m twinkle.server.remote_api``) from the ``@remote_function(wire=...)``
+(``python tools/write_client_table.py``) from the ``@remote_function(wire=...)``
 declarations on the local components; a server test regenerates it and compares the bytes,
 so it cannot drift. Shipping it as data keeps this package torch-free. ``REMOTE_API`` is
 the same table by parameter names, as ``GET /api/v1/twinkle/api`` publishes it (``**``

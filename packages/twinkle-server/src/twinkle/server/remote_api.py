@@ -7,18 +7,17 @@ other components' methods (Dataset, DataLoader, the Sampler protocol) are listed
 
 The client must stay torch-free, so it cannot import the model classes to read their
 specs. It ships the table as data instead: ``twinkle_client/remote_api.json``, written by
-``python -m twinkle.server.remote_api`` and committed; a server test regenerates it and
-fails unless the bytes are the same. Data rather than generated code keeps the client's
-proxies plain functions built at import (help() and tab completion read the signatures
-and docstrings carried in the table), and a stale table shows as a one-file diff.
+``python tools/write_client_table.py`` (``render`` here) and committed; a twinkle-kit test
+regenerates it and fails unless the bytes are the same (the server never imports the
+client). Data rather than generated code keeps the client's proxies plain functions built
+at import (help() and tab completion read the signatures and docstrings carried in the
+table), and a stale table shows as a one-file diff.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from twinkle.infra.remote import WirePolicy, find_remote_spec
@@ -32,7 +31,6 @@ KINDS = {
     inspect.Parameter.KEYWORD_ONLY: "keyword",
     inspect.Parameter.VAR_KEYWORD: "var_keyword",
 }
-TABLE_FILE = "remote_api.json"
 
 
 def wire_methods(cls: type) -> dict[str, WirePolicy]:
@@ -117,15 +115,3 @@ def describe() -> dict[str, dict[str, list[str]]]:
 def render() -> str:
     """The bytes of ``remote_api.json``: stable order, one trailing newline."""
     return json.dumps(specification(), indent=1, ensure_ascii=False) + "\n"
-
-
-def client_table_path() -> Path:
-    import twinkle_client
-
-    return Path(twinkle_client.__file__).parent / TABLE_FILE
-
-
-if __name__ == "__main__":
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else client_table_path()
-    path.write_text(render(), encoding="utf-8")
-    print(f"wrote {path}")
