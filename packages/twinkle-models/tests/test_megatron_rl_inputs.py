@@ -49,3 +49,6 @@ def test_the_pages_evaluation_loop_on_megatron(tmp_path, child_env):
     assert before > 0 and after == before  # the open training window kept its token count
     assert result["training_metrics"] == pytest.approx(result["untouched_training_metrics"])
     assert "call forward_only(inputs)" in (result["after_forward_backward"] or "")
+    # actor.forward(input_data), as the DeviceMesh page's data flow calls it
+    assert result["forward_equals_forward_only"] and result["forward_rows"] == 4
+    assert "call forward_backward(inputs, ...)" in (result["backward_error"] or "")

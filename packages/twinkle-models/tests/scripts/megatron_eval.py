@@ -4,7 +4,8 @@ Usage: python megatron_eval.py OUT_DIR. Writes ``OUT_DIR/eval.json``: after one 
 ``forward_backward``, the page's loop (``forward_only(inputs=batch)``, ``calculate_loss()``,
 ``calculate_metric(is_training=False)``) on two batches, the losses each call reported, the
 training metrics next to those of a model that did not evaluate, and the error of
-``calculate_loss()`` after a ``forward_backward``. A separate process, as Megatron's parallel
+``calculate_loss()`` after a ``forward_backward``; ``forward`` (the data-flow page's) against
+``forward_only``, and ``backward()``'s refusal. A separate process, as Megatron's parallel
 state is global.
 """
 
@@ -38,6 +39,15 @@ def main() -> None:
         "pending_tokens": [tokens_before, model._state(None).pending_tokens],
         "training_metrics": model.calculate_metric(is_training=True),
     }
+    # The data-flow page's actor.forward(input_data): forward_only's pass; no separate backward.
+    forwarded, evaluated_logps = model.forward(feats), model.forward_only(feats)
+    result["forward_equals_forward_only"] = bool((forwarded.logps == evaluated_logps.logps).all())
+    result["forward_rows"] = int(forwarded.logps.shape[0])
+    try:
+        model.backward()
+        result["backward_error"] = None
+    except ValueError as exc:
+        result["backward_error"] = str(exc)
     untouched = MegatronModel(MODEL, device="cpu")
     untouched.set_optimizer("default", lr=1e-3)
     untouched.forward_backward(feats)

@@ -356,6 +356,31 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
     ) -> ModelOutput:
         """Forward without gradients: per-token logps, and with labels the loss, which feeds
         the evaluation metrics and ``calculate_loss()``."""
+        return self._forward_pass(inputs, adapter_name, loss_kwargs)
+
+    @remote_function(dispatch=slice_dp_rows, collect="rows")
+    @torch.no_grad()
+    def forward(
+        self, inputs: Any, *, adapter_name: str | None = None, **loss_kwargs: Any
+    ) -> ModelOutput:
+        """The documents' ``actor.forward(input_data)``: the same pass as ``forward_only``.
+
+        Megatron's pipeline schedule runs each micro-batch's backward inside the pass that
+        made it, so no graph is kept for a later ``backward()``: train with
+        ``forward_backward``."""
+        return self._forward_pass(inputs, adapter_name, loss_kwargs)
+
+    @remote_function(dispatch="all", collect="first")
+    def backward(self, *, adapter_name: str | None = None) -> None:
+        """Refused with the call to use: see ``forward``."""
+        raise ValueError(
+            "MegatronModel has no separate backward: its pipeline schedule runs forward and "
+            "backward together, so call forward_backward(inputs, ...) to train"
+        )
+
+    def _forward_pass(
+        self, inputs: Any, adapter_name: str | None, loss_kwargs: dict[str, Any]
+    ) -> ModelOutput:
         state = self._state(adapter_name)
         for chunk in self.chunks:
             chunk.eval()
