@@ -163,3 +163,26 @@ def test_a_step_with_no_pass_since_the_last_times_zero_and_leaves_weights(model)
     assert all(torch.equal(p.detach(), before[k]) for k, p in params.items())
     assert model.calculate_metric(adapter_name="idle")["step_time"] >= 0
     model.remove_adapter("idle")
+
+
+@pytest.mark.parametrize("call", ["clip_grad_and_step", "step_with"])
+def test_a_non_finite_gradient_is_refused_and_leaves_the_weights(model, call):
+    """An overflow (here an infinite gradient entry) never reaches the weights: the step is
+    refused naming the norm, the gradients are dropped, and the next step trains normally."""
+    name = f"overflow_{call}"
+    model.add_adapter_to_model(name, _lora())
+    model.set_optimizer("AdamW", lr=1e-2, adapter_name=name)
+    params = _trainable(model, name)
+    before = {k: p.detach().clone() for k, p in params.items()}
+    model.forward_backward([ROW], adapter_name=name)
+    next(p for p in params.values() if p.grad is not None).grad.view(-1)[0] = float("inf")
+    step = getattr(model, call)
+    with pytest.raises(ValueError, match="the gradient's norm is inf: the step was refused"):
+        step(adapter_name=name)
+    assert all(torch.equal(p.detach(), before[k]) for k, p in params.items())
+    assert all(p.grad is None for p in params.values())
+    model.forward_backward([ROW], adapter_name=name)
+    step(adapter_name=name)
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert any(not torch.equal(p.detach(), before[k]) for k, p in params.items())
+    model.remove_adapter(name)

@@ -10,6 +10,7 @@ supplies the mechanics these call on: ``set_optimizer``, ``_clip``, ``_step``,
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -224,7 +225,7 @@ class TrainUnitsMixin:
         if state.accumulated_calls < state.gradient_accumulation_steps:
             return None
         calls, state.accumulated_calls = state.accumulated_calls, 0
-        norm = self._clip(state, max_grad_norm)
+        norm = self._finite_norm(state, max_grad_norm)
         lr = optimizer.param_groups[0]["lr"]
         self._step(state)
         self._zero_grad(state)
@@ -262,9 +263,9 @@ class TrainUnitsMixin:
             set_param_groups(optimizer, optimizer_params)
         if not normalise:
             state.pending_tokens = self._summed_loss_tokens()
-        norm = None
-        if max_grad_norm is not None and max_grad_norm > 0:
-            norm = self._clip(state, max_grad_norm)
+        clips = max_grad_norm is not None and max_grad_norm > 0
+        norm = self._finite_norm(state, max_grad_norm if clips else math.inf)
+        norm = norm if clips else None
         lr = optimizer.param_groups[0]["lr"]
         self._step(state)
         self._zero_grad(state)
@@ -272,6 +273,21 @@ class TrainUnitsMixin:
         step_time = _window_seconds(state.window_start)
         state.window_start = None
         state.metrics.accumulate(None, None, grad_norm=norm, lr=lr, step_time=step_time)
+        return norm
+
+    def _finite_norm(self, state: TrainState, max_norm: float) -> float:
+        """The global gradient norm, clipped to ``max_norm`` (inf: measured only). A norm
+        that is not finite (an overflowing loss, a NaN in the data) drops the accumulated
+        gradients and refuses the step, so the weights never take a NaN or an infinity."""
+        norm = self._clip(state, max_norm)
+        if not math.isfinite(norm):
+            self._zero_grad(state)
+            state.accumulated_calls, state.window_start = 0, None
+            raise ValueError(
+                f"the gradient's norm is {norm}: the step was refused and the accumulated "
+                "gradients dropped, so the weights are unchanged; look for loss weights, "
+                "advantages or logits large enough to overflow, or NaN in the inputs"
+            )
         return norm
 
     def _summed_loss_tokens(self) -> float:
