@@ -280,3 +280,23 @@ def test_the_adapter_cache_reuses_slots_and_reloads_rewritten_folders(tmp_path):
     service.sample_tokens([1, 2], params, a)()
     assert fake.loads[-1] == ("ckpt0", 4.0)
     service.stop()
+
+
+def test_unseeded_asample_follows_the_tenants_own_calls(sampling_server):
+    """An asample without a seed takes one from the key's own generator: a tenant's samples
+    are the same whether or not another tenant sampled in between."""
+    state, alice, bob = sampling_server
+
+    def tokens(client) -> list[int]:
+        sampler = client.sampler(90 + len(calls), base_model="bundled://tiny-qwen3")
+        params = {"max_tokens": 8, "temperature": 1.0}
+        calls.append(client)
+        return list(client.sample(sampler, sampling_params=params).sequences[0].tokens)
+
+    calls: list = []
+    key_of = {alice: alice.headers["X-API-Key"], bob: bob.headers["X-API-Key"]}
+    alone = [tokens(alice), tokens(alice)]
+    assert alone[0] != alone[1]  # successive unseeded calls differ
+    state.sampler._seed_streams.pop(state.principal(key_of[alice]).key_id)  # start over
+    crowded = [tokens(alice), tokens(bob), tokens(bob), tokens(alice)]
+    assert [crowded[0], crowded[3]] == alone

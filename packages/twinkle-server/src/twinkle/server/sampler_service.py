@@ -94,7 +94,7 @@ class SamplerService:
         except ValueError as exc:
             raise BadRequest(f"invalid sampling_params: {exc}") from None
         if params.seed is None:
-            params = params.model_copy(update={"seed": self._next_seed(principal.key_id)})
+            params = params.model_copy(update={"seed": self.next_seed(principal.key_id)})
         folder = None
         if body.get("adapter_uri") is not None:
             folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path
@@ -109,7 +109,7 @@ class SamplerService:
 
         return work
 
-    def _next_seed(self, key_id: str) -> int:
+    def next_seed(self, key_id: str) -> int:
         """The seed of a call that names none, from the key's own generator (seeded by the
         model's seed and the key): a tenant's unseeded samples follow its own calls alone, not
         how many other tenants sampled in between (the sampler's one generator would)."""

@@ -108,7 +108,10 @@ async def asample(request: Request) -> dict:
     body = await json_body(request)
     folder = _folder_to_sample(state, principal, body)
     sample = parse_asample(body, _limits(state, service))
-    work = service.sample_tokens(sample.prompt, sample.params, folder)
+    params = sample.params
+    if params.seed is None:  # from the key's own generator, as on the Twinkle route
+        params = params.model_copy(update={"seed": service.next_seed(principal.key_id)})
+    work = service.sample_tokens(sample.prompt, params, folder)
     future_id = state.futures.submit(
         principal.key_id,
         "sample",
