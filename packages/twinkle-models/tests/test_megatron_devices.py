@@ -129,9 +129,11 @@ def test_methods_of_a_cpu_model_and_its_subclasses_run_in_the_mode():
 def test_megatron_model_keeps_its_remote_specs_under_the_mode_wrapper():
     from twinkle.infra.remote import find_remote_spec
     from twinkle.model import MegatronModel
+    from twinkle.model.batch_dispatch import slice_dp_rows
 
     assert getattr(MegatronModel.forward_backward, "__twinkle_cpu_mode__", False)
-    assert find_remote_spec(MegatronModel, "forward_backward").dispatch == "slice_dp"
+    spec = find_remote_spec(MegatronModel, "forward_backward")
+    assert spec.dispatch is slice_dp_rows and spec.collect == "rows"
     assert find_remote_spec(MegatronModel, "calculate_metric").collect == "first"
 
 
