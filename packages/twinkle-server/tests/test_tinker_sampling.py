@@ -294,9 +294,10 @@ def test_unseeded_asample_follows_the_tenants_own_calls(sampling_server):
         return list(client.sample(sampler, sampling_params=params).sequences[0].tokens)
 
     calls: list = []
-    key_of = {alice: alice.headers["X-API-Key"], bob: bob.headers["X-API-Key"]}
+    alice_id = state.principal(alice.headers["X-API-Key"]).key_id
+    state.sampler._seed_streams.pop(alice_id, None)  # her stream from its start
     alone = [tokens(alice), tokens(alice)]
     assert alone[0] != alone[1]  # successive unseeded calls differ
-    state.sampler._seed_streams.pop(state.principal(key_of[alice]).key_id)  # start over
+    state.sampler._seed_streams.pop(alice_id)  # and from its start again
     crowded = [tokens(alice), tokens(bob), tokens(bob), tokens(alice)]
     assert [crowded[0], crowded[3]] == alone
