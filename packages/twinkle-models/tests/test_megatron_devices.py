@@ -27,7 +27,10 @@ from twinkle.model.megatron.device import resolve_device
 
 ROOT = Path(__file__).resolve().parents[3]
 ASCEND = ROOT / "cookbook" / "megatron" / "ascend"
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine has no GPU")
+NO_GPU = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="needs a machine without a CUDA GPU: it checks the CPU fallback",
+)
 
 
 # ---- the CPU mode -------------------------------------------------------------------------
@@ -160,7 +163,10 @@ def test_bad_devices_name_the_supported_ones():
         resolve_device(0, "cuda")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="an NPU machine")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None,
+    reason="needs a machine without torch_npu (no Ascend NPU): it checks the refusal there",
+)
 def test_an_npu_without_torch_npu_fails_at_the_device_check():
     for device, mesh in (("npu", "cuda"), (None, "npu"), ("npu:1", "cpu")):
         with pytest.raises(RuntimeError, match="needs an Ascend NPU.*torch_npu is not installed"):
@@ -178,7 +184,10 @@ def _run(code: str, *, path: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mindspeed") is not None, reason="MindSpeed present")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mindspeed") is not None,
+    reason="needs MindSpeed absent: it checks the install message",
+)
 def test_without_mindspeed_the_adaptor_check_says_how_to_install_it():
     with pytest.raises(ImportError, match="needs MindSpeed.*gitcode.com/Ascend/MindSpeed"):
         _mindspeed_runtime.ensure_mindspeed_adaptor_patched()
@@ -272,7 +281,10 @@ def test_the_ascend_dataset_encodes_the_self_cognition_rows(monkeypatch):
     assert any(label != -100 for label in row["labels"])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="an NPU machine")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None,
+    reason="needs a machine without torch_npu (no Ascend NPU): it checks the refusal there",
+)
 @pytest.mark.parametrize("script", ["tp_npu.py", "tp_moe_npu.py", "tp_moe_cp_npu.py"])
 def test_ascend_scripts_stop_at_the_device_check_without_an_npu(script, child_env):
     done = subprocess.run(
