@@ -6,7 +6,9 @@ from twinkle.server.store.base import (
     FutureRecord,
     SessionRecord,
     Store,
+    TelemetryEvent,
     TrainingRun,
+    UsageRecord,
 )
 from twinkle.server.store.sqlite import SQLiteStore
 
@@ -17,5 +19,7 @@ __all__ = [
     "SQLiteStore",
     "SessionRecord",
     "Store",
+    "TelemetryEvent",
     "TrainingRun",
+    "UsageRecord",
 ]

@@ -1,4 +1,5 @@
-"""The store interface: API keys, sessions, training runs, checkpoints and futures.
+"""The store interface: API keys, sessions, training runs, checkpoints, futures, usage and
+telemetry.
 
 Every record names its ``owner`` (an API key id), and every read that a request makes
 filters by owner, so a tenant cannot see another's records even by guessing ids. A
@@ -71,6 +72,30 @@ class FutureRecord:
     result: Any = None
     error: dict[str, str] | None = None
     finished_at: float | None = None
+
+
+@dataclass
+class UsageRecord:
+    """One metric's total for one key on one UTC day (``YYYY-MM-DD``)."""
+
+    owner: str
+    day: str
+    metric: str
+    amount: float
+
+
+@dataclass
+class TelemetryEvent:
+    """One event the Tinker SDK sent to ``/api/v1/telemetry``, kept as it came (``id`` is
+    the store's, None until added)."""
+
+    owner: str
+    session_id: str | None
+    received_at: float
+    platform: str | None
+    sdk_version: str | None
+    event: dict[str, Any]
+    id: int | None = None
 
 
 class Store(ABC):
@@ -168,6 +193,22 @@ class Store(ABC):
     @abstractmethod
     def prune_futures(self, before: float) -> int:
         """Forget finished futures older than ``before`` (their results are gone anyway)."""
+
+    # ---- usage and telemetry
+    @abstractmethod
+    def add_usage(self, owner: str, amounts: dict[str, float], when: float) -> None:
+        """Add ``amounts`` (metric -> amount) to the key's totals for ``when``'s UTC day."""
+
+    @abstractmethod
+    def usage(self, owner: str | None = None) -> list[UsageRecord]:
+        """One key's daily totals, or every key's when ``owner`` is None (the operator)."""
+
+    @abstractmethod
+    def add_telemetry(self, events: list[TelemetryEvent]) -> None: ...
+
+    @abstractmethod
+    def list_telemetry(self, owner: str, limit: int) -> list[TelemetryEvent]:
+        """The key's latest events, newest first."""
 
     @abstractmethod
     def close(self) -> None: ...

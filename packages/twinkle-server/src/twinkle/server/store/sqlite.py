@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import astuple, fields
@@ -25,35 +26,13 @@ from twinkle.server.store.base import (
     FutureRecord,
     SessionRecord,
     Store,
+    TelemetryEvent,
     TrainingRun,
+    UsageRecord,
 )
+from twinkle.server.store.migrations import MIGRATIONS, migrate, refuse_newer
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS api_keys (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, key_hash TEXT NOT NULL UNIQUE,
-    created_at REAL NOT NULL, revoked_at REAL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at REAL NOT NULL,
-    last_heartbeat REAL NOT NULL, closed_at REAL, model_seq INTEGER NOT NULL,
-    metadata TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS training_runs (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, session_id TEXT NOT NULL,
-    base_model TEXT NOT NULL, lora_rank INTEGER NOT NULL, lora_config TEXT NOT NULL,
-    adapter_name TEXT NOT NULL, created_at REAL NOT NULL, last_request_time REAL NOT NULL,
-    active INTEGER NOT NULL, user_metadata TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS runs_by_owner ON training_runs (owner, created_at);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    run_id TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL, owner TEXT NOT NULL,
-    path TEXT NOT NULL, size_bytes INTEGER NOT NULL, created_at REAL NOT NULL,
-    has_optimizer INTEGER NOT NULL, PRIMARY KEY (run_id, kind, name));
-CREATE TABLE IF NOT EXISTS futures (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, operation TEXT NOT NULL, status TEXT NOT NULL,
-    created_at REAL NOT NULL, idempotency_key TEXT, result TEXT, error TEXT,
-    finished_at REAL);
-CREATE UNIQUE INDEX IF NOT EXISTS futures_by_key ON futures (owner, idempotency_key);
-"""
-
-_JSON_FIELDS = {"metadata", "lora_config", "user_metadata", "result", "error"}
+_JSON_FIELDS = {"metadata", "lora_config", "user_metadata", "result", "error", "event"}
 _BOOL_FIELDS = {"active", "has_optimizer"}
 
 
@@ -88,21 +67,27 @@ class SQLiteStore(Store):
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
-        with self._tx() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(SCHEMA)
+        try:
+            refuse_newer(self._db, str(path), MIGRATIONS)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            migrate(self._db, str(path))
+        except BaseException:
+            self._db.close()
+            raise
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             yield self._db
 
-    def _insert(self, table: str, record: Any) -> None:
+    def _insert(self, table: str, record: Any, verb: str = "INSERT") -> None:
+        # Columns by name: a migration's ALTER TABLE ADD COLUMN need not match field order.
+        names = ", ".join(f.name for f in fields(record))
         values = _encode(record)
         marks = ", ".join("?" * len(values))
         with self._tx() as db:
-            db.execute(f"INSERT INTO {table} VALUES ({marks})", values)
+            db.execute(f"{verb} INTO {table} ({names}) VALUES ({marks})", values)
 
     def _one(self, cls: type, sql: str, *args: Any) -> Any:
         with self._tx() as db:
@@ -111,6 +96,17 @@ class SQLiteStore(Store):
     def _all(self, cls: type, sql: str, *args: Any) -> list:
         with self._tx() as db:
             return [_decode(cls, row) for row in db.execute(sql, args).fetchall()]
+
+    def _many(self, sql: str, rows: list[tuple]) -> None:
+        """All of ``rows`` in one transaction (one commit, not one per row)."""
+        with self._tx() as db:
+            db.execute("BEGIN")
+            try:
+                db.executemany(sql, rows)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def _run(self, sql: str, *args: Any) -> int:
         with self._tx() as db:
@@ -205,10 +201,7 @@ class SQLiteStore(Store):
 
     # ---- checkpoints
     def add_checkpoint(self, record: CheckpointRecord) -> None:
-        values = _encode(record)
-        marks = ", ".join("?" * len(values))
-        with self._tx() as db:
-            db.execute(f"INSERT OR REPLACE INTO checkpoints VALUES ({marks})", values)
+        self._insert("checkpoints", record, verb="INSERT OR REPLACE")
 
     def get_checkpoint(
         self, owner: str, run_id: str, kind: str, name: str
@@ -264,6 +257,31 @@ class SQLiteStore(Store):
     def prune_futures(self, before: float) -> int:
         sql = "DELETE FROM futures WHERE status != 'pending' AND created_at < ?"
         return self._run(sql, before)
+
+    # ---- usage and telemetry
+    def add_usage(self, owner: str, amounts: dict[str, float], when: float) -> None:
+        day = time.strftime("%Y-%m-%d", time.gmtime(when))
+        sql = (
+            "INSERT INTO usage (owner, day, metric, amount) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (owner, day, metric) DO UPDATE SET amount = amount + excluded.amount"
+        )
+        self._many(sql, [(owner, day, m, float(a)) for m, a in amounts.items() if a])
+
+    def usage(self, owner: str | None = None) -> list[UsageRecord]:
+        if owner is None:
+            return self._all(UsageRecord, "SELECT * FROM usage ORDER BY owner, day, metric")
+        sql = "SELECT * FROM usage WHERE owner = ? ORDER BY day, metric"
+        return self._all(UsageRecord, sql, owner)
+
+    def add_telemetry(self, events: list[TelemetryEvent]) -> None:
+        columns = [f.name for f in fields(TelemetryEvent) if f.name != "id"]
+        marks = ", ".join("?" * len(columns))
+        sql = f"INSERT INTO telemetry ({', '.join(columns)}) VALUES ({marks})"
+        self._many(sql, [_encode(event)[:-1] for event in events])
+
+    def list_telemetry(self, owner: str, limit: int) -> list[TelemetryEvent]:
+        sql = "SELECT * FROM telemetry WHERE owner = ? ORDER BY id DESC LIMIT ?"
+        return self._all(TelemetryEvent, sql, owner, limit)
 
     def close(self) -> None:
         with self._tx() as db:
