@@ -23,16 +23,16 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
 from peft import LoraConfig
 from tqdm import tqdm
 
 from twinkle import get_device_placement, get_logger
+from twinkle.data_format import SamplingParams
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
-from twinkle.template import build_template
+from twinkle.sampler import TorchSampler
 from twinkle.utils.tracking import BACKENDS, create_tracker, plot_metric
 
 logger = get_logger()
@@ -109,34 +109,19 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("twinkle-models")
+        return version("twinkle-rl")
     except PackageNotFoundError:  # a source tree run without installing
-        return "unknown (twinkle-models not installed)"
+        return "unknown (twinkle-rl not installed)"
 
 
-@torch.no_grad()
-def answer(model: TransformersModel, template, question: str, max_new_tokens: int = 64) -> str:
-    """Greedy decoding with the Hugging Face model's KV cache.
-
-    A stand-in until twinkle.sampler (the RL issue) brings the Sampler, which batches
-    prompts and samples with SamplingParams.
-    """
-    prompt = template.encode({"messages": [{"role": "user", "content": question}]}, True)
-    input_ids = torch.as_tensor(prompt["input_ids"], device=model.device)[None]
-    model.model.eval()
-    output_ids = model.model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        use_cache=True,
-        eos_token_id=template.tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=template.tokenizer.pad_token_id,
-    )
-    reply = template.tokenizer.decode(output_ids[0, input_ids.shape[1] :], skip_special_tokens=True)
+def answer(sampler: TorchSampler, question: str, max_new_tokens: int = 64) -> str:
+    """The trained model's greedy reply, sampled as an RL loop samples."""
+    trajectory = {"messages": [{"role": "user", "content": question}]}
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
+    (response,) = sampler.sample([trajectory], params)
     # Real Qwen3 templates train every reply behind an empty <think></think> block, so a
     # trained model writes one first: show what follows it.
-    return reply.split("</think>")[-1].strip()
+    return response.sequences[0].text.split("</think>")[-1].strip()
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -200,9 +185,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     )
     logger.info(f"checkpoint saved to {path} after {time.perf_counter() - started:.0f}s")
 
-    # The prompt is rendered as in training, up to where the reply starts.
-    template = build_template("Qwen3_5Template", model_id=args.model_id)
-    print(f"\nQ: {QUESTION}\nA: {answer(model, template, QUESTION)}", flush=True)
+    # The sampler loads what was saved, and renders the prompt as in training.
+    sampler = TorchSampler(args.model_id, device=model.device)
+    sampler.load_checkpoint(path)
+    sampler.set_template("Qwen3_5Template")
+    print(f"\nQ: {QUESTION}\nA: {answer(sampler, QUESTION)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def checkout(tmp_path: Path) -> Path:
     root.mkdir()
     for name in ("pyproject.toml", "hatch_build.py"):
         shutil.copy2(REPO / name, root / name)
-    for folder in ("packages", "cookbook"):  # twinkle-models packs cookbook/quickstart.py
+    for folder in ("packages", "cookbook"):  # twinkle-rl packs cookbook/quickstart.py
         shutil.copytree(REPO / folder, root / folder, ignore=CACHES)
     return root
 

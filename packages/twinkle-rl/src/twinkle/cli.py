@@ -5,7 +5,7 @@
 
 The cookbook script is the one source of the job, so what a reader sees in
 ``cookbook/quickstart.py`` is exactly what the command runs. A wheel carries it as
-``twinkle/model/quickstart_job.py`` (the build copies it in); a source checkout runs
+``twinkle/quickstart_job.py`` (the build copies it in); a source checkout runs
 the cookbook file itself.
 """
 
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 PACKAGED = Path(__file__).with_name("quickstart_job.py")
-# src/twinkle/model/cli.py -> the repository root holding cookbook/
-CHECKOUT = Path(__file__).resolve().parents[5] / "cookbook" / "quickstart.py"
+# packages/twinkle-rl/src/twinkle/cli.py -> the repository root holding cookbook/
+CHECKOUT = Path(__file__).resolve().parents[4] / "cookbook" / "quickstart.py"
 
 
 def job_path() -> Path:
@@ -27,7 +27,7 @@ def job_path() -> Path:
             return path
     raise FileNotFoundError(
         f"the main job's script is missing: neither {PACKAGED} (a wheel's copy) nor {CHECKOUT} "
-        "(a source checkout) exists; reinstall twinkle-models"
+        "(a source checkout) exists; reinstall twinkle-rl"
     )
 
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import torch
 
-from twinkle.model.cli import main
+from twinkle import cli
+from twinkle.cli import main
+
+CHECKOUT_JOB = Path(__file__).resolve().parents[3] / "cookbook" / "quickstart.py"
 
 
 def _exit_output(capsys, *argv: str) -> tuple[int, str, str]:
@@ -30,7 +36,7 @@ def test_help_names_the_command_and_documents_every_flag_with_its_default(capsys
 
 def test_version_is_the_distributions(capsys):
     code, out, _ = _exit_output(capsys, "--version")
-    assert code == 0 and out.strip() == f"twinkle {version('twinkle-models')}"
+    assert code == 0 and out.strip() == f"twinkle {version('twinkle-rl')}"
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--lr", "-1"), ("--lr", "inf"), ("--epochs", "0")])
@@ -51,3 +57,20 @@ def test_lora_rank_batch_size_and_lr_reach_the_job(tmp_path, capsys):
     assert state["consumed_train_samples"] == 2 * 4  # two steps of four rows
     optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
     assert optimizer["param_groups"][0]["initial_lr"] == pytest.approx(3e-3)
+    # the answer comes from the sampler that loaded the saved adapter
+    assert re.search(r"^A: ", capsys.readouterr().out, re.MULTILINE)
+
+
+def test_the_twinkle_command_runs_the_cookbook_main_job(tmp_path):
+    assert cli.job_path() == CHECKOUT_JOB
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.cli", "--max-steps", "3", "--output-dir", "out"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epoch 1: loss" in done.stdout
+    assert (tmp_path / "out" / "last-checkpoint" / "model.safetensors").is_file()
+    assert re.search(r"^A: ", done.stdout, re.MULTILINE), done.stdout
