@@ -29,10 +29,23 @@ def generic():
     return Template(TINY)
 
 
-@pytest.fixture(scope="module", params=["Qwen3_5Template", "Template"])
-def template(request, qwen, generic):
-    """Both ways of finding the assistant's text: ChatML scanning and generation blocks."""
-    return qwen if request.param == "Qwen3_5Template" else generic
+def without_generation_blocks(chat_template):
+    return chat_template.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+
+
+@pytest.fixture(scope="module")
+def rendered_turns():
+    """The generic Template on the bundled template with its generation blocks removed,
+    as every model's own template is: it finds replies by rendering their turns."""
+    source = Template(TINY).tokenizer.chat_template
+    return Template(TINY, chat_template=without_generation_blocks(source))
+
+
+@pytest.fixture(scope="module", params=["Qwen3_5Template", "Template", "rendered turns"])
+def template(request, qwen, generic, rendered_turns):
+    """The three ways of finding the assistant's text: ChatML scanning, generation blocks
+    and rendering each reply's turn."""
+    return {"Qwen3_5Template": qwen, "Template": generic}.get(request.param, rendered_turns)
 
 
 def runs(feature, tokenizer):
@@ -355,22 +368,23 @@ def test_decode_round_trip(template):
     assert "<|im_start|>" not in plain and END not in plain and "<tool_call>" in plain
 
 
-def test_qwen_template_without_generation_blocks_labels_the_same():
-    """Qwen's own templates have no generation blocks: ChatML scanning must not need them."""
+def test_qwen_template_without_generation_blocks_labels_the_same(rendered_turns):
+    """Qwen's own templates have no generation blocks: ChatML scanning and the generic
+    Template (rendering each reply's turn) must label exactly what the blocks mark."""
     source = Template(TINY).tokenizer.chat_template
-    bare = source.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
-    assert "{%- generation" in source and "generation %}" not in bare
-    scanned = Qwen3_5Template(TINY, chat_template=bare)
+    assert "{%- generation" in source and "generation %}" not in rendered_turns.chat_template
+    scanned = Qwen3_5Template(TINY, chat_template=rendered_turns.chat_template)
     marked = Template(TINY)
     rows = [three_turns(), tool_conversation(), reasoning_conversation()]
     for row in rows:
         assert scanned.encode(row, train_turns="last") == marked.encode(row, train_turns="last")
-    # The generic Template cannot label without the blocks, and says so; prompts still work.
-    generic = Template(TINY, chat_template=bare)
-    with pytest.raises(ValueError, match="no \\{% generation %\\} blocks"):
-        generic.encode(three_turns())
+        assert rendered_turns.encode(row, train_turns="last") == marked.encode(
+            row, train_turns="last"
+        )
+    for row in (three_turns(), tool_conversation()):
+        assert rendered_turns.encode(row) == marked.encode(row)
     prompt = {"messages": [{"role": "user", "content": "hi"}]}
-    assert generic.encode(prompt, add_generation_prompt=True) == marked.encode(
+    assert rendered_turns.encode(prompt, add_generation_prompt=True) == marked.encode(
         prompt, add_generation_prompt=True
     )
 
@@ -435,7 +449,7 @@ def expected_reply(message):
 
 @settings(max_examples=60, deadline=None)
 @given(messages=conversations())
-def test_labels_on_random_conversations(qwen, generic, messages):
+def test_labels_on_random_conversations(qwen, generic, rendered_turns, messages):
     expected = [expected_reply(m) for m in messages if m["role"] == "assistant"]
-    for template in (qwen, generic):
+    for template in (qwen, generic, rendered_turns):
         check(template, {"messages": messages}, expected)

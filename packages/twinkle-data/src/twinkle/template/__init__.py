@@ -16,6 +16,10 @@ differently in the whole conversation than turn by turn (a template that rewrite
 history) is detected and raises :class:`HistoryMismatchError`, or with
 ``history_mismatch='warn'`` is logged and labelled as the whole conversation renders it.
 
+Generated text goes back the other way with ``Template.parse_response`` (an assistant
+message with ``reasoning_content`` and ``tool_calls``) and ``Template.parse_tool_calls``;
+each chat format's tool-call parser is in :mod:`twinkle.template.tool_calls`.
+
 ``truncation_strategy='delete'`` makes ``encode`` return None (``batch_encode`` puts None
 in the row's place): the caller drops those rows and reports how many it dropped. A row
 that cannot be encoded raises :class:`EncodeError`, whose ``index`` is its position in
@@ -28,15 +32,18 @@ from twinkle.template.errors import EncodeError, HistoryMismatchError
 from twinkle.template.labels import IGNORE_INDEX
 from twinkle.template.qwen import Qwen3_5Template
 from twinkle.template.registry import TEMPLATES, build_template
+from twinkle.template.tool_calls import TOOL_CALL_FORMATS, ToolCallError
 from twinkle.template.truncation import TruncationStrategy
 
 __all__ = [
     "IGNORE_INDEX",
     "TEMPLATES",
+    "TOOL_CALL_FORMATS",
     "EncodeError",
     "HistoryMismatchError",
     "Qwen3_5Template",
     "Template",
+    "ToolCallError",
     "TrainTurns",
     "TruncationStrategy",
     "build_template",

@@ -3,12 +3,14 @@ text the assistant writes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from jinja2 import TemplateError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from twinkle.data_format import InputFeature, Trajectory
 from twinkle.hub import resolve_model
@@ -24,18 +26,14 @@ from twinkle.template.errors import EncodeError, HistoryMismatchError
 from twinkle.template.history import history_difference
 from twinkle.template.labels import labels_from_spans
 from twinkle.template.rendering import Rendered, Span, has_generation_markers, render
+from twinkle.template.tool_calls import TOOL_CALL_FORMATS, ToolCallFormat, detect_tool_call_format
 from twinkle.template.truncation import TRUNCATION_STRATEGIES, TruncationStrategy, truncate
+from twinkle.template.turns import locate_reply, reply_span, stop_tokens
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
 
 HISTORY_MISMATCH_MODES = ("raise", "warn")
-
-
-def load_tokenizer(model_id: str, **tokenizer_kwargs: Any) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``model_id``, any id ``twinkle.hub.resolve_model`` takes (a local
-    folder, ``bundled://``, ``ms://``, ``hf://``, ``org/name``)."""
-    return AutoTokenizer.from_pretrained(str(resolve_model(model_id)), **tokenizer_kwargs)
 
 
 @remote_class(execute="first")
@@ -49,13 +47,16 @@ class Template:
     ``user_data`` so a reward can read them.
 
     The conversation is rendered once and tokenized once; the assistant's text is found in
-    the rendering by the template's ``{% generation %}`` blocks (this class) or by the chat
-    format (subclasses such as :class:`Qwen3_5Template`), and every token overlapping it
-    is labelled. For ChatML templates (the bundled one, Qwen's) that is the reply with its
-    reasoning and tool calls and its ``<|im_end|>``, not the header before it nor the
-    newline after it. Each trained turn that is not the last message is also rendered as
-    the end of its own conversation to check the template does not rewrite it later
-    (``history_mismatch``): one extra render per such turn, none with ``train_turns='last'``.
+    the rendering and every token overlapping it is labelled. It is found by the
+    template's ``{% generation %}`` blocks where it has them; otherwise (every chat
+    template models ship) each trained reply is what rendering the conversation through
+    it adds to rendering it up to it with ``add_generation_prompt=True``, up to and
+    including the reply's last stop token (:attr:`stop_tokens`). For ChatML templates
+    that is the reply with its reasoning and tool calls and its ``<|im_end|>``, not the
+    header before it nor the newline after it. Each trained turn that is not the last
+    message is checked against the whole rendering to catch a template that rewrites it
+    later (``history_mismatch``). Cost: at most two renders per trained turn (one for the
+    last message's turn, none with generation blocks and ``train_turns='last'``).
 
     Args:
         model_id: a hub id (``ms://``, ``hf://``, ``bundled://``, ``org/name``) or a local
@@ -78,6 +79,9 @@ class Template:
             always exactly the tokens of the whole rendering).
         chat_template: a Jinja chat template to use instead of the tokenizer's own, or the
             name of one of the tokenizer's templates.
+        tool_call_format: how the model writes tool calls, for :meth:`parse_response`: a
+            name in ``TOOL_CALL_FORMATS`` (``'hermes'``, ``'llama3_json'``, ``'mistral'``,
+            ...), or None to tell it from the chat template.
         **tokenizer_kwargs: passed to ``AutoTokenizer.from_pretrained``.
     """
 
@@ -95,6 +99,7 @@ class Template:
         train_turns: TrainTurns = "all",
         history_mismatch: Literal["raise", "warn"] = "raise",
         chat_template: str | None = None,
+        tool_call_format: str | None = None,
         **tokenizer_kwargs: Any,
     ) -> None:
         if max_length is not None and (
@@ -119,7 +124,8 @@ class Template:
         self.enable_thinking = enable_thinking
         self.train_turns = check_train_turns(train_turns)
         self.history_mismatch = history_mismatch
-        self.tokenizer = load_tokenizer(model_id, **tokenizer_kwargs)
+        folder = Path(resolve_model(model_id))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), **tokenizer_kwargs)
         if not self.tokenizer.is_fast:
             raise ValueError(
                 f"Template needs a fast tokenizer (it maps characters to tokens with offsets), "
@@ -134,6 +140,18 @@ class Template:
                 f"the tokenizer of {model_id} has no usable chat template ({err}); pass "
                 "chat_template=... (a Jinja template or the name of one the tokenizer has)"
             ) from err
+        self._generation_blocks = {
+            False: has_generation_markers(self.chat_template),
+            True: has_generation_markers(self._tools_chat_template),
+        }
+        self.stop_tokens = stop_tokens(self.tokenizer, folder)
+        """The tokens that end a reply (eos and the generation config's): a sampler's stop
+        tokens, and where a reply found without generation blocks ends."""
+        self.tool_call_format: ToolCallFormat | None = (
+            detect_tool_call_format(self._tools_chat_template)
+            if tool_call_format is None
+            else TOOL_CALL_FORMATS.get(tool_call_format)()
+        )
         # The variables apply_chat_template gives a template, so both render the same text.
         self._variables = dict(self.tokenizer.special_tokens_map)
         if enable_thinking is not None:
@@ -179,9 +197,14 @@ class Template:
             )
             for index, item in enumerate(trajectories)
         ]
-        track = not add_generation_prompt and self.tracks_generation
         rendered = [
-            self._render(conv.messages, conv.tools, add_generation_prompt, track, index)
+            self._render(
+                conv.messages,
+                conv.tools,
+                add_generation_prompt,
+                not add_generation_prompt and self._reads_blocks(conv.tools),
+                index,
+            )
             for index, conv in enumerate(conversations)
         ]
         if not rendered:
@@ -230,8 +253,46 @@ class Template:
         rendered conversation exactly; True drops ``<|im_start|>``/``<|im_end|>`` and the like."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    @remote_function(dispatch="all", execute="first", collect="first")
+    def parse_response(self, text: str) -> dict[str, Any]:
+        """Generated text back to an assistant message in the OpenAI / Hugging Face shape,
+        ready to append to ``messages``: ``{'role': 'assistant', 'content': ...}`` plus
+        ``reasoning_content`` (the text of a ``<think>`` block) and ``tool_calls``
+        (``[{'type': 'function', 'function': {'name': ..., 'arguments': {...}}}]``) when
+        present. Trailing stop tokens are dropped. A malformed call raises
+        :class:`~twinkle.template.tool_calls.ToolCallError` holding its text."""
+        for stop in self.stop_tokens:
+            text = text.removesuffix(stop)
+        message: dict[str, Any] = {"role": "assistant"}
+        if "</think>" in text:
+            reasoning, text = text.split("</think>", 1)
+            message["reasoning_content"] = reasoning.removeprefix("<think>").strip("\n")
+            text = text.lstrip("\n")
+        calls: list[dict[str, Any]] = []
+        if self.tool_call_format is not None:
+            text, calls = self.tool_call_format.parse(text)
+        message["content"] = text
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    @remote_function(dispatch="all", execute="first", collect="first")
+    def parse_tool_calls(self, text: str) -> list[dict[str, Any]]:
+        """The tool calls in generated text (:meth:`parse_response`'s ``tool_calls``), []
+        when it makes none."""
+        if self.tool_call_format is None:
+            raise ValueError(
+                f"the chat template of {self.model_id} writes no tool-call format Twinkle "
+                f"knows; pass tool_call_format= one of {', '.join(TOOL_CALL_FORMATS.names())}"
+            )
+        return self.parse_response(text).get("tool_calls", [])
+
     # What subclasses change to find the assistant's text another way: tracks_generation
     # (above) and _assistant_spans.
+
+    def _reads_blocks(self, tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the replies are read from generation blocks (else by rendering turns)."""
+        return self.tracks_generation and self._generation_blocks[tools is not None]
 
     def _assistant_spans(self, rendered: Rendered, turns: int, index: int) -> list[Span]:
         """One span per assistant message of the rendered conversation, in order: the text
@@ -240,13 +301,6 @@ class Template:
         spans = rendered.generation_spans
         if len(spans) == turns:
             return spans
-        if not has_generation_markers(self.chat_template):
-            raise ValueError(
-                f"the chat template of {self.model_id} has no {{% generation %}} blocks, so "
-                "Template cannot tell the assistant's text from the rest; use a template that "
-                "knows the chat format (such as Qwen3_5Template for ChatML models) or pass "
-                "chat_template=... with generation blocks around each assistant reply"
-            )
         raise EncodeError(
             index,
             f"the chat template wrote {len(spans)} generation block(s) for {turns} assistant "
@@ -277,6 +331,8 @@ class Template:
 
     def _trained_spans(self, conv: Conversation, rendered: Rendered, index: int) -> list[Span]:
         """The spans of the trained turns, each checked against its turn-by-turn rendering."""
+        if self.tracks_generation and not self._reads_blocks(conv.tools):
+            return self._rendered_turn_spans(conv, rendered.text, index)
         spans = self._assistant_spans(rendered, len(conv.assistants), index)
         for turn in conv.trained:
             position = conv.assistants[turn]
@@ -290,6 +346,60 @@ class Template:
             if difference is not None:
                 self._report_history_mismatch(index, turn, difference)
         return [spans[turn] for turn in conv.trained]
+
+    def _rendered_turn_spans(self, conv: Conversation, text: str, index: int) -> list[Span]:
+        """The trained replies found by rendering each one's conversation up to it (with the
+        generation prompt) and through it (the module docstring of ``turns``)."""
+        spans: list[Span] = []
+        for turn in conv.trained:
+            position = conv.assistants[turn]
+            prompt = self._render(conv.messages[:position], conv.tools, True, False, index).text
+            last = position == len(conv.messages) - 1
+            through = (
+                text
+                if last
+                else self._render(
+                    conv.messages[: position + 1], conv.tools, False, False, index
+                ).text
+            )
+            span = reply_span(prompt, through, self.stop_tokens)
+            if isinstance(span, str):
+                # Earlier turns render differently before a new reply than after it, or the
+                # generation prompt is not how the template opens a reply.
+                self._report_history_mismatch(index, turn, span)
+                span = self._reply_after_header(conv, position, prompt, through, turn, index)
+            if not last:
+                difference = history_difference(text, span, through, span)
+                if difference is not None:
+                    self._report_history_mismatch(index, turn, difference)
+                    after = spans[-1][1] if spans else 0
+                    span = locate_reply(text, through[span[0] : span[1]], after)
+            spans.append(span)
+        return spans
+
+    def _reply_after_header(
+        self,
+        conv: Conversation,
+        position: int,
+        prompt: str,
+        through: str,
+        turn: int,
+        index: int,
+    ) -> Span:
+        """The reply's span in ``through`` when ``prompt`` is not its start (the warned
+        case): after the last copy of the header the generation prompt adds (one more
+        render, only here)."""
+        bare = self._render(conv.messages[:position], conv.tools, False, False, index).text
+        header = prompt[len(os.path.commonprefix([bare, prompt])) :]
+        at = through.rfind(header) if header else -1
+        if at == -1:
+            raise EncodeError(
+                index,
+                f"assistant turn {turn}: the generation prompt adds {header!r}, which the "
+                "conversation through the reply does not contain, so the reply cannot be "
+                "found; pass chat_template=... with {% generation %} blocks around each reply",
+            )
+        return reply_span(through[: at + len(header)], through, self.stop_tokens)
 
     def _report_history_mismatch(self, index: int, turn: int, difference: str) -> None:
         error = HistoryMismatchError(

@@ -1,0 +1,61 @@
+"""Find an assistant reply without ``{% generation %}`` blocks: render the conversation up
+to the reply with ``add_generation_prompt=True`` and through it; the reply is what the
+second adds, up to and including its last stop token (the newline some formats write
+after the end-of-turn token is not the model's to write)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from twinkle.template.rendering import Span
+
+_BEFORE, _AFTER = 30, 50
+
+
+def stop_tokens(tokenizer: PreTrainedTokenizerBase, folder: Path | None) -> tuple[str, ...]:
+    """The tokens that end a reply: the tokenizer's eos token and the ``eos_token_id``
+    of the model's ``generation_config.json`` (Gemma and Llama 3 end turns with a token
+    other than eos), as strings, in id order."""
+    ids = set() if tokenizer.eos_token_id is None else {tokenizer.eos_token_id}
+    config = None if folder is None else folder / "generation_config.json"
+    if config is not None and config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else eos or [])
+    return tuple(tokenizer.convert_ids_to_tokens(sorted(ids)))
+
+
+def reply_span(prompt: str, through: str, stops: tuple[str, ...]) -> Span | str:
+    """The reply's span in ``through`` (the conversation rendered through the reply),
+    given ``prompt`` (rendered up to it with the generation prompt); or, when ``prompt``
+    is not where ``through`` starts, a description of where they differ."""
+    if not through.startswith(prompt):
+        at = len(os.path.commonprefix([prompt, through]))
+        start = max(0, at - _BEFORE)
+        return (
+            f"from character {at} the generation prompt reads {prompt[start : at + _AFTER]!r} "
+            f"but the conversation through the reply reads {through[start : at + _AFTER]!r}"
+        )
+    start = len(prompt)
+    ends = [through.rfind(stop, start) + len(stop) for stop in stops if stop in through[start:]]
+    return start, max(ends, default=len(through))
+
+
+def locate_reply(text: str, reply: str, after: int) -> Span:
+    """Where a reply that the whole conversation renders differently (a rewritten turn)
+    sits in ``text`` after ``after``: the longest end of ``reply`` found there (what a
+    rewrite keeps is the end: the answer and its end-of-turn token), or an empty span."""
+    low, high = 0, len(reply)  # invariant: the last `low` characters are found
+    while low < high:
+        middle = (low + high + 1) // 2
+        if text.find(reply[len(reply) - middle :], after) != -1:
+            low = middle
+        else:
+            high = middle - 1
+    if low == 0:
+        return after, after
+    start = text.find(reply[len(reply) - low :], after)
+    return start, start + low
