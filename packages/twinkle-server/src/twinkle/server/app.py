@@ -92,7 +92,7 @@ def install_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 
 def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
-    from twinkle.server import tinker
+    from twinkle.server import openai, tinker
     from twinkle.server.routes import data, models, runs, service
 
     @asynccontextmanager
@@ -116,6 +116,7 @@ def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
     install_error_handlers(app, state)
     for module in (service, runs, models, data, tinker):
         app.include_router(module.router, prefix="/api/v1")
+    app.include_router(openai.router, prefix="/v1")
     app.add_middleware(BodyLimit, max_bytes=state.config.limits.max_body_bytes)
     app.add_middleware(ErrorAnswers, home=str(state.home))
     return app
