@@ -7,14 +7,23 @@ import twinkle.loss as losses
 from twinkle.loss import LOSSES, CrossEntropyLoss, GRPOLoss, Loss, MSELoss, build_loss
 
 EXPECTED = {
+    "BNPOLoss",
     "CISPOLoss",
+    "CPOLoss",
     "ChunkedCrossEntropyLoss",
     "CrossEntropyLoss",
     "DPOLoss",
+    "DRGRPOLoss",
+    "GKDLoss",
     "GRPOLoss",
     "GSPOLoss",
     "InfonceLoss",
     "MSELoss",
+    "ORPOLoss",
+    "PPOLoss",
+    "PPOValueLoss",
+    "SAPOLoss",
+    "SimPOLoss",
 }
 
 
@@ -40,7 +49,7 @@ def test_build_loss_from_name_class_or_instance():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown loss 'GRPO'; known: CISPOLoss, .*MSELoss"):
+    with pytest.raises(ValueError, match="unknown loss 'GRPO'; known: BNPOLoss, CISPOLoss, .*MSELoss"):
         build_loss("GRPO")
 
 

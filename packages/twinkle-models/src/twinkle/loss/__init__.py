@@ -1,5 +1,7 @@
-"""Losses: cross entropy (plain and chunked over the vocabulary), RL policy gradients
-(GRPO, GSPO, CISPO), DPO, InfoNCE for embeddings and MSE.
+"""Losses: cross entropy (plain and chunked over the vocabulary, with DFT weighting), RL
+policy gradients (GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO with its value loss),
+preference losses (DPO, SimPO, CPO, ORPO), distillation (GKD), InfoNCE for embeddings and
+MSE.
 
 Every loss is called as ``loss(inputs, outputs, **kwargs)`` and returns ``{'loss': sum,
 'num_tokens': normaliser}``; the model divides once per optimizer step. The protocol and
@@ -15,8 +17,11 @@ from twinkle.loss.chunked_logps import (
     default_chunk_size,
 )
 from twinkle.loss.cross_entropy import CrossEntropyLoss
+from twinkle.loss.distillation import GKDLoss
 from twinkle.loss.embedding import EmbeddingLayout, InfonceLoss, embedding_layout
 from twinkle.loss.fields import align_to_labels, label_mask
+from twinkle.loss.grpo_variants import BNPOLoss, DRGRPOLoss, SAPOLoss
+from twinkle.loss.kl import KL_ESTIMATORS, kl_estimate
 from twinkle.loss.logps import (
     TokenLogps,
     chunked_logps,
@@ -24,32 +29,48 @@ from twinkle.loss.logps import (
     prefers_chunked,
     token_logps,
 )
+from twinkle.loss.policy_inputs import clipped_objective
+from twinkle.loss.ppo import PPOLoss, PPOValueLoss
 from twinkle.loss.preference import DPOLoss
+from twinkle.loss.reference_free import CPOLoss, ORPOLoss, SimPOLoss
 from twinkle.loss.registry import LOSSES, build_loss
 from twinkle.loss.regression import MSELoss
-from twinkle.loss.rl import CISPOLoss, GRPOLoss, GSPOLoss
+from twinkle.loss.rl import CISPOLoss, GRPOLoss, GSPOLoss, TokenPolicyLoss
 
 __all__ = [
     "IGNORE_INDEX",
+    "KL_ESTIMATORS",
     "LOSSES",
+    "BNPOLoss",
     "CISPOLoss",
+    "CPOLoss",
+    "DRGRPOLoss",
     "ChunkedCrossEntropyLoss",
     "CrossEntropyLoss",
     "DPOLoss",
     "EmbeddingLayout",
+    "GKDLoss",
     "GRPOLoss",
     "GSPOLoss",
     "InfonceLoss",
     "Loss",
     "MSELoss",
+    "ORPOLoss",
+    "PPOLoss",
+    "PPOValueLoss",
+    "SAPOLoss",
+    "SimPOLoss",
     "TokenLogps",
+    "TokenPolicyLoss",
     "align_to_labels",
     "build_loss",
     "chunked_linear_logps",
     "chunked_logits_logps",
     "chunked_logps",
+    "clipped_objective",
     "default_chunk_size",
     "embedding_layout",
+    "kl_estimate",
     "label_mask",
     "logps_from_logits",
     "prefers_chunked",

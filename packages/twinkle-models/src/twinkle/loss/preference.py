@@ -1,9 +1,4 @@
-"""Direct preference optimisation on (chosen, rejected) pairs.
-
-Layout: the batch holds pairs on consecutive rows, chosen first: rows 0, 2, 4, ... are
-the chosen responses and rows 1, 3, 5, ... the rejected responses to the same prompts, so
-B is even. Each row must have label tokens (the response).
-"""
+"""Direct preference optimisation on (chosen, rejected) pairs (layout: ``twinkle.loss.pairs``)."""
 
 from __future__ import annotations
 
@@ -14,20 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from twinkle.loss.base import Loss
-from twinkle.loss.fields import (
-    label_mask,
-    outputs_device,
-    per_sequence_or_token,
-    require,
-    token_labels,
-)
-from twinkle.loss.logps import token_logps
+from twinkle.loss.fields import per_sequence_or_token, require
+from twinkle.loss.pairs import preference_stats, read_pairs
 from twinkle.loss.registry import LOSSES
 
 _LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 _REF_HINT = (
     "pass ref_logps, the reference model's logps of the same batch: (B, T) aligned with "
-    "labels, per-sequence lists of the label tokens' values, or per-sequence sums (B,)"
+    "labels, per-sequence lists of the label tokens' values, or per-sequence sums (B,); "
+    "for a LoRA policy model.reference_logps(inputs) gives them (the adapter disabled)"
 )
 
 
@@ -47,14 +37,15 @@ class DPOLoss(Loss):
     ``loss = sum over pairs of l``, ``num_tokens`` = the number of pairs (B / 2).
     ``ref_logps`` come as keywords or in inputs; ``label_smoothing`` (the assumed rate of
     flipped preferences) applies to the sigmoid loss only. IPO here uses summed, not
-    length-averaged, log-probabilities, like the other two.
+    length-averaged, log-probabilities, like the other two. ``preference_stats`` holds the
+    implicit rewards ``beta * (pi - ref)`` for DPOMetric.
     """
 
     def __init__(
         self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0
     ) -> None:
-        if beta <= 0:
-            raise ValueError(f"DPOLoss: beta must be positive, got {beta}")
+        if not 0 < beta < float("inf"):
+            raise ValueError(f"DPOLoss: beta must be a positive finite number, got {beta}")
         if loss_type not in _LOSS_TYPES:
             raise ValueError(f"DPOLoss: unknown loss_type {loss_type!r}; known: {_LOSS_TYPES}")
         if not 0 <= label_smoothing < 0.5:
@@ -71,23 +62,13 @@ class DPOLoss(Loss):
         self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], **kwargs: Any
     ) -> dict[str, torch.Tensor]:
         owner = type(self).__name__
-        labels = token_labels(inputs, owner, outputs_device(outputs))
-        if labels.shape[0] % 2:
-            raise ValueError(
-                f"{owner} takes (chosen, rejected) pairs on consecutive rows, so an even "
-                f"number of rows; got {labels.shape[0]}"
-            )
-        mask = label_mask(labels)
-        empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
-        if empty:
-            raise ValueError(f"{owner}: rows {empty} have no label tokens (no response to score)")
+        pairs = read_pairs(owner, inputs, outputs)
         ref = require("ref_logps", inputs, kwargs, owner=owner, hint=_REF_HINT)
-        logps = token_logps(outputs, labels, owner=owner).logps
-        ref = per_sequence_or_token(ref, labels, name="ref_logps", dtype=logps.dtype)
+        ref = per_sequence_or_token(ref, pairs.labels, name="ref_logps", dtype=pairs.sums.dtype)
         if ref.ndim == 2:
-            ref = torch.where(mask, ref, 0).sum(dim=1)
-        log_ratio = torch.where(mask, logps, 0).sum(dim=1) - ref
-        h = log_ratio[0::2] - log_ratio[1::2]
+            ref = torch.where(pairs.mask, ref, 0).sum(dim=1)
+        chosen, rejected = pairs.chosen_rejected(pairs.sums - ref)
+        h = chosen - rejected
         if self.loss_type == "sigmoid":
             smooth = self.label_smoothing
             per_pair = -(1 - smooth) * F.logsigmoid(self.beta * h)
@@ -96,5 +77,5 @@ class DPOLoss(Loss):
             per_pair = (h - 1 / (2 * self.beta)) ** 2
         else:
             per_pair = torch.relu(1 - self.beta * h)
-        num_pairs = torch.tensor(h.shape[0], device=h.device)
-        return {"loss": per_pair.sum(), "num_tokens": num_pairs}
+        stats = preference_stats(self.beta * chosen, self.beta * rejected)
+        return {"loss": per_pair.sum(), "num_tokens": pairs.num_pairs, "preference_stats": stats}
