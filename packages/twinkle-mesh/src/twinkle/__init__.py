@@ -23,6 +23,18 @@ from twinkle.infra import (  # noqa: E402  (after __path__ is extended)
 from twinkle.mesh import DeviceGroup, DeviceMesh, Platform  # noqa: E402
 from twinkle.utils import get_logger  # noqa: E402
 from twinkle.utils.tinker_env import init_tinker_client  # noqa: E402
+from twinkle.utils.upper import import_upper  # noqa: E402
+
+# Names the user imports from ``twinkle`` that another distribution ships: (module, distribution).
+_UPPER_NAMES = {"Plugin": ("twinkle.hub.plugin", "twinkle-data")}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _UPPER_NAMES:
+        raise AttributeError(f"module 'twinkle' has no attribute {name!r}")
+    module, distribution = _UPPER_NAMES[name]
+    return getattr(import_upper(module, distribution, f"twinkle.{name}"), name)
+
 
 __all__ = [
     "DeviceGroup",

@@ -1,10 +1,17 @@
 """Registry: look a component class up by name, so ``set_loss('GRPOLoss')`` and
-``set_loss(GRPOLoss)`` mean the same thing."""
+``set_loss(GRPOLoss)`` mean the same thing.
+
+A name that is not registered and has the form ``source:ClassName`` (``ms://org/repo:MyLoss``,
+``hf://org/repo@v1:MyLoss``, ``/path/to/folder:MyLoss``) is a component of a hub plugin:
+every registry hands it to the one resolver, ``twinkle.hub.plugin.resolve_component``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Generic, TypeVar, overload
+
+from twinkle.utils.upper import import_upper
 
 T = TypeVar("T", bound=type)
 
@@ -37,6 +44,11 @@ class Registry(Generic[T]):
         key = cls.__name__ if name is None else name
         if not isinstance(key, str) or not key:
             raise ValueError(f"{self.kind} names must be non-empty strings, got {key!r}")
+        if ":" in key:
+            raise ValueError(
+                f"{self.kind} name {key!r} has a ':', which marks a plugin component "
+                "(source:ClassName); register it under a name without one"
+            )
         if self._classes.get(key, cls) is not cls:
             raise ValueError(
                 f"{self.kind} name {key!r} is already taken by {self._classes[key].__qualname__}; "
@@ -52,10 +64,16 @@ class Registry(Generic[T]):
             return name_or_cls
         if not isinstance(name_or_cls, str):
             raise TypeError(f"a {self.kind} is given by name or class, got {name_or_cls!r}")
+        if name_or_cls not in self._classes and ":" in name_or_cls:
+            return self._from_plugin(name_or_cls)
         if name_or_cls not in self._classes:
             known = ", ".join(sorted(self._classes)) or "(none registered)"
             raise ValueError(f"unknown {self.kind} {name_or_cls!r}; known: {known}")
         return self._classes[name_or_cls]
+
+    def _from_plugin(self, reference: str) -> T:
+        plugin = import_upper("twinkle.hub.plugin", "twinkle-data", f"{self.kind} {reference!r}")
+        return plugin.resolve_component(reference, self.kind, self.base)
 
     def _check_class(self, cls: object) -> None:
         if not isinstance(cls, type):
