@@ -46,7 +46,17 @@ def test_one_call_feeds_every_metric_and_reports_plain_floats():
 
 def test_train_metrics_are_fresh_and_skip_an_embedding_batch():
     first, second = build_train_metrics(), build_train_metrics()
-    assert set(first) == {"loss", "token_accuracy", "throughput", "grad_norm", "lr", "policy"}
+    assert set(first) == {
+        "loss",
+        "token_accuracy",
+        "throughput",
+        "grad_norm",
+        "lr",
+        "policy",
+        "value",
+        "preference",
+        "distillation",
+    }
     assert all(first[key] is not second[key] for key in first)
     metrics = MetricCollection([*first.values(), EmbeddingMetric()])
     embeddings = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
