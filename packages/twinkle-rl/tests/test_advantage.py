@@ -50,7 +50,9 @@ def test_num_generations_that_does_not_divide_the_batch_is_refused(estimator):
     [
         ([1.0, float("nan")], {"num_generations": 2}, "finite"),
         ([], {"num_generations": 2}, "empty"),
-        ([[1.0, 2.0]], {"num_generations": 2}, "flat list"),
+        ([[1.0, 2.0]], {"num_generations": 2}, "1 rewards do not split"),  # components summed
+        ([[1.0, 2.0], [1.0]], {"num_generations": 2}, "one list of reward components"),
+        ([[1.0, float("nan")], [0.0, 1.0]], {"num_generations": 2}, "completion 0's component 1"),
         ([1.0, 2.0], {"num_generations": 0}, ">= 1"),
         ([1.0, 2.0], {"num_generations": 2, "scale": "prompt"}, "unknown scale"),
         ([1.0, 2.0], {"num_generations": 1}, "num_generations >= 2"),
@@ -61,8 +63,6 @@ def test_bad_inputs_say_what_is_wrong(rewards, kwargs, message):
         GRPOAdvantage()(rewards, **kwargs)
 
 
-def test_rloo_refuses_group_scaling_and_single_generations():
-    with pytest.raises(ValueError, match="'none' or 'batch'"):
-        RLOOAdvantage()([1.0, 2.0], num_generations=2, scale="group")
+def test_rloo_refuses_single_generations():
     with pytest.raises(ValueError, match="num_generations >= 2"):
         RLOOAdvantage()([1.0, 2.0], num_generations=1)

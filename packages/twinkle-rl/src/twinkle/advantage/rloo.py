@@ -7,14 +7,16 @@ from collections.abc import Sequence
 import torch
 
 from twinkle.advantage.base import Advantage
-from twinkle.advantage.groups import check_scale, rewards_P_G
+from twinkle.advantage.groups import batch_spread, check_scale, rewards_P_G
 
 
 class RLOOAdvantage(Advantage):
     """``A_pg = r_pg - mean over g' != g of r_pg'``, an unbiased baseline (it does not use the
-    completion's own reward). ``scale='batch'`` further divides by the batch's standard
-    deviation (plus ``epsilon``); ``'group'`` is not offered, since dividing by a group
-    statistic that includes the completion would bias the baseline again."""
+    completion's own reward). ``scale`` takes GRPO's options: ``'none'`` (the default, the
+    unbiased estimator), ``'group'`` (divided by the group's standard deviation) or
+    ``'batch'`` (by the batch's), each plus ``epsilon``; the group scale brings back a
+    small bias, since the group's spread includes the completion. Several reward
+    components per completion are summed."""
 
     def __init__(self, epsilon: float = 1e-6) -> None:
         if not epsilon > 0:
@@ -28,16 +30,17 @@ class RLOOAdvantage(Advantage):
         num_generations: int,
         scale: str = "none",
     ) -> torch.Tensor:
-        if check_scale(scale) == "group":
-            raise ValueError("RLOOAdvantage takes scale='none' or 'batch', not 'group'")
+        scale = check_scale(scale)
         rewards_PG = rewards_P_G(rewards, num_generations)
         if num_generations < 2:
             raise ValueError(
-                "RLOOAdvantage needs num_generations >= 2 (the others are the baseline)"
+                "RLOOAdvantage needs num_generations >= 2 (the others are the baseline); "
+                "for one completion per prompt use GRPOAdvantage(scale='batch')"
             )
         others_PG = (rewards_PG.sum(dim=1, keepdim=True) - rewards_PG) / (num_generations - 1)
         advantages_PG = rewards_PG - others_PG
-        if scale == "batch":
-            spread = rewards_PG.std() if rewards_PG.numel() > 1 else rewards_PG.new_zeros(())
-            advantages_PG = advantages_PG / (spread + self.epsilon)
+        if scale == "group":
+            advantages_PG = advantages_PG / (rewards_PG.std(dim=1, keepdim=True) + self.epsilon)
+        elif scale == "batch":
+            advantages_PG = advantages_PG / (batch_spread(rewards_PG) + self.epsilon)
         return advantages_PG.flatten()
