@@ -23,6 +23,7 @@ from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.hub import Plugin, PluginError
 from twinkle.hub.plugin import plugin_sha256
 from twinkle.preprocessor import FILTERS, PREPROCESSORS
+from twinkle.template import build_template
 from twinkle.template.registry import TEMPLATES
 from twinkle.utils import Registry
 
@@ -32,6 +33,7 @@ import os
 from pathlib import Path
 
 from twinkle.preprocessor import Filter, Preprocessor
+from twinkle.template import Template
 
 Path(os.environ["PLUGIN_RAN"]).open("a").write("ran\\n")
 
@@ -52,8 +54,12 @@ class ShoutProcessor(Preprocessor):
 class EnglishOnly(Filter):
     def __call__(self, row):
         return row["tag"] == "en"
+
+
+class PlainTemplate(Template):
+    """The model's own chat template, under a plugin's name."""
 '''
-COMPONENTS = ["ShoutProcessor", "EnglishOnly"]
+COMPONENTS = ["ShoutProcessor", "EnglishOnly", "PlainTemplate"]
 
 
 def write_plugin(folder: Path, source: str = PLUGIN, components=COMPONENTS) -> Path:
@@ -94,7 +100,7 @@ def runs(tmp_path: Path) -> int:
 def test_a_local_folder_loads_without_consent_and_names_its_components(tmp_path):
     folder = write_plugin(tmp_path / "shout")
     loaded = Plugin.load_plugin(folder)
-    assert sorted(loaded) == [f"{folder}:EnglishOnly", f"{folder}:ShoutProcessor"]
+    assert sorted(loaded) == [f"{folder}:{name}" for name in sorted(COMPONENTS)]
     row = {"query": "who are you", "response": "a model"}
     assert loaded[f"{folder}:ShoutProcessor"]()(row)["messages"][0]["content"] == "WHO ARE YOU!"
     assert Plugin.load_plugin(str(folder)) == loaded  # held once per process
@@ -109,7 +115,9 @@ def test_a_hub_plugin_runs_no_code_without_consent_and_says_how_to_give_it(tmp_p
     assert "hf://org/untrusted at revision " + COMMIT in message
     assert "trust_remote_code=True" in message and "TWINKLE_TRUST_REMOTE_CODE=1" in message
     assert f"sha256='{plugin_sha256(snapshot)}'" in message
-    assert "ShoutProcessor, EnglishOnly" in message  # what it provides, from the manifest
+    assert (
+        "ShoutProcessor, EnglishOnly, PlainTemplate" in message
+    )  # what it provides, from the manifest
     with pytest.raises(PluginError, match="only with consent"):
         Plugin.load_plugin("hf://org/untrusted", trust_remote_code=False)
     assert runs(tmp_path) == 0
@@ -119,7 +127,7 @@ def test_consent_loads_the_cached_snapshot_and_logs_its_revision_and_hash(tmp_pa
     snapshot = hf_plugin(tmp_path, "org/trusted")
     with caplog.at_level(logging.INFO):
         loaded = Plugin.load_plugin("hf://org/trusted", trust_remote_code=True)
-    assert set(loaded) == {"hf://org/trusted:ShoutProcessor", "hf://org/trusted:EnglishOnly"}
+    assert set(loaded) == {f"hf://org/trusted:{name}" for name in COMPONENTS}
     assert f"at revision {COMMIT} (sha256={plugin_sha256(snapshot)})" in caplog.text
     # Imported from a private copy: the cache snapshot gets no bytecode, its hash holds.
     module_file = Path(sys.modules[loaded["hf://org/trusted:EnglishOnly"].__module__].__file__)
@@ -196,6 +204,11 @@ def test_every_registry_resolves_plugin_names_and_dataset_map_uses_them(tmp_path
         row["messages"][0]["content"] == row["messages"][0]["content"].upper() for row in rows
     )
     assert FILTERS.get(f"{folder}:EnglishOnly").__name__ == "EnglishOnly"
+    template = build_template(f"{folder}:PlainTemplate", model_id="bundled://tiny-qwen3")
+    assert type(template).__name__ == "PlainTemplate"
+    dataset.set_template(f"{folder}:PlainTemplate", model_id="bundled://tiny-qwen3")
+    dataset.encode()
+    assert len(dataset[0]["input_ids"]) > 0
 
 
 def test_a_hub_name_loads_its_plugin_on_first_use_with_consent_from_the_environment(
@@ -212,7 +225,7 @@ def test_a_class_the_repo_does_not_declare_lists_what_it_provides_without_runnin
     hf_plugin(tmp_path, "org/listing")
     with pytest.raises(ValueError, match=r"unknown preprocessor 'hf://org/listing:Nope'") as info:
         PREPROCESSORS.get("hf://org/listing:Nope")
-    assert "hf://org/listing provides ShoutProcessor, EnglishOnly" in str(info.value)
+    assert "hf://org/listing provides ShoutProcessor, EnglishOnly, PlainTemplate" in str(info.value)
     assert runs(tmp_path) == 0
 
 
@@ -222,7 +235,7 @@ def test_a_component_of_the_wrong_kind_names_what_it_is_and_what_is_wanted(tmp_p
         TEMPLATES.get(f"{folder}:ShoutProcessor")
     message = str(info.value)
     assert "is not a template: ShoutProcessor subclasses Preprocessor" in message
-    assert "must subclass Template" in message and "template components: (none)" in message
+    assert "must subclass Template" in message and "template components: PlainTemplate" in message
     with pytest.raises(TypeError, match="filter components: EnglishOnly"):
         FILTERS.get(f"{folder}:ShoutProcessor")
 

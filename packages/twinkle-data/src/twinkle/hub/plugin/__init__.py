@@ -24,7 +24,7 @@ from pathlib import Path
 from twinkle.hub.plugin.files import digest, read_files
 from twinkle.hub.plugin.loader import TRUST_ENV, LoadedPlugin, load, locate
 from twinkle.hub.plugin.manifest import MANIFEST, PluginError
-from twinkle.hub.plugin.reference import resolve_component, split_reference
+from twinkle.hub.plugin.reference import is_reference, resolve_component, split_reference
 
 
 class Plugin:
@@ -59,6 +59,7 @@ __all__ = [
     "LoadedPlugin",
     "Plugin",
     "PluginError",
+    "is_reference",
     "plugin_sha256",
     "resolve_component",
     "split_reference",

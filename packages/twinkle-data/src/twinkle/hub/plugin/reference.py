@@ -14,6 +14,12 @@ from twinkle.hub.plugin.manifest import PluginError
 FORM = "source:ClassName (ms://org/repo:MyLoss, hf://org/repo@v1:MyLoss, /path/to/folder:MyLoss)"
 
 
+def is_reference(name: str) -> bool:
+    """Whether ``name`` has the ``source:ClassName`` form (``bundled://gsm8k`` has not)."""
+    source, _, class_name = name.rpartition(":")
+    return bool(source) and class_name.isidentifier()
+
+
 def split_reference(reference: str) -> tuple[str, str]:
     """``('ms://org/repo', 'MyLoss')`` from ``'ms://org/repo:MyLoss'``."""
     source, _, class_name = reference.rpartition(":")
@@ -44,11 +50,12 @@ def resolve_component(reference: str, kind: str, base: type | None = None) -> ty
         raise _unknown(reference, kind, plugin.source, tuple(plugin.components))
     cls = plugin.components[class_name]
     if base is not None and not issubclass(cls, base):
+        article = "an" if kind[:1] in "aeiou" else "a"
         raise TypeError(
-            f"{reference!r} is not a {kind}: {class_name} subclasses "
-            f"{', '.join(b.__qualname__ for b in cls.__mro__[1:-1]) or 'object'}, and a {kind} "
-            f"must subclass {base.__qualname__}; {plugin.source}'s {kind} components: "
-            f"{', '.join(_of_kind(plugin, base)) or '(none)'}"
+            f"{reference!r} is not {article} {kind}: {class_name} subclasses "
+            f"{', '.join(b.__qualname__ for b in cls.__mro__[1:-1]) or 'object'}, and "
+            f"{article} {kind} must subclass {base.__qualname__}; {plugin.source}'s {kind} "
+            f"components: {', '.join(_of_kind(plugin, base)) or '(none)'}"
         )
     return cls
 
