@@ -7,11 +7,14 @@ import json
 
 import pytest
 
-from twinkle.advantage import GRPOAdvantage
+import twinkle.advantage
+import twinkle.reward
+import twinkle.sampler
+from twinkle.advantage import Advantage, GRPOAdvantage
 from twinkle.advantage.registry import ADVANTAGES
-from twinkle.reward import GSM8KAccuracyReward
+from twinkle.reward import GSM8KAccuracyReward, Reward
 from twinkle.reward.registry import REWARDS
-from twinkle.sampler import TorchSampler
+from twinkle.sampler import Sampler, TorchSampler
 from twinkle.sampler.registry import SAMPLERS
 
 PLUGIN = '''
@@ -34,10 +37,23 @@ def plugin(tmp_path):
     return tmp_path
 
 
-def test_the_builtin_rewards_advantages_and_samplers_are_registered():
+def test_every_exported_reward_advantage_and_sampler_is_registered():
     assert REWARDS.get("GSM8KAccuracyReward") is GSM8KAccuracyReward
     assert ADVANTAGES.get("GRPOAdvantage") is GRPOAdvantage
     assert SAMPLERS.get("TorchSampler") is TorchSampler
+    for registry, package, base in (
+        (REWARDS, twinkle.reward, Reward),
+        (ADVANTAGES, twinkle.advantage, Advantage),
+        (SAMPLERS, twinkle.sampler, Sampler),
+    ):
+        exported = {
+            name
+            for name in package.__all__
+            if isinstance(getattr(package, name), type)
+            and issubclass(getattr(package, name), base)
+            and getattr(package, name) is not base
+        }
+        assert set(registry.names()) == exported and len(exported) >= 2
 
 
 def test_a_plugin_reward_resolves_by_name_and_scores(plugin):

@@ -9,6 +9,7 @@ every registry hands it to the one resolver, ``twinkle.hub.plugin.resolve_compon
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Generic, TypeVar, overload
 
 from twinkle.utils.upper import import_upper
@@ -56,6 +57,14 @@ class Registry(Generic[T]):
             )
         self._classes[key] = cls
         return cls
+
+    def register_exported(self, module: ModuleType) -> None:
+        """Register every class ``module.__all__`` exports that subclasses ``base`` (the base
+        itself left out), so a package's new component needs no second list."""
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type) and value is not self.base and issubclass(value, self.base):
+                self.register(value)
 
     def get(self, name_or_cls: str | T) -> T:
         """The class registered as ``name_or_cls``, or the class itself when one is given."""
