@@ -1,5 +1,7 @@
 """Registry: a component by name or by class; unknown names list the known ones."""
 
+import types
+
 import pytest
 
 from twinkle.utils import Registry
@@ -88,3 +90,20 @@ def test_entries_must_be_classes_of_the_base():
         losses.get(3)
     with pytest.raises(ValueError, match="non-empty strings"):
         losses.register(Loss, name="")
+
+
+def test_registering_exports_needs_a_base_and_takes_only_its_subclasses():
+    class Base:
+        pass
+
+    class Child(Base):
+        pass
+
+    module = types.ModuleType("exports")
+    module.Base, module.Child, module.helper = Base, Child, len
+    module.__all__ = ["Base", "Child", "helper"]
+    registry = Registry("widget", base=Base)
+    registry.register_exported(module)
+    assert registry.names() == ["Child"]
+    with pytest.raises(TypeError, match="no base class"):
+        Registry("widget").register_exported(module)

@@ -61,6 +61,8 @@ class Registry(Generic[T]):
     def register_exported(self, module: ModuleType) -> None:
         """Register every class ``module.__all__`` exports that subclasses ``base`` (the base
         itself left out), so a package's new component needs no second list."""
+        if self.base is None:
+            raise TypeError(f"the {self.kind} registry has no base class to pick exports by")
         for name in module.__all__:
             value = getattr(module, name)
             if isinstance(value, type) and value is not self.base and issubclass(value, self.base):
