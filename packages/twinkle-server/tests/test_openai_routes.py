@@ -19,6 +19,7 @@ from twinkle.server.state import build_state
 
 FEATURE = {"input_ids": [1, 2, 3, 4, 5, 6], "labels": [-100, -100, 3, 4, 5, 6]}
 BASE = "bundled://tiny-qwen3"
+TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,8 @@ def test_a_completion_is_what_the_sampler_gives_for_the_same_tokens_and_seed(ser
         "completion_tokens": len(sequence.tokens),
         "total_tokens": len(ids) + len(sequence.tokens),
     }
+    usage = {u.metric: u.amount for u in state.store.usage(alice.key_id())}
+    assert usage["sampled_tokens"] >= len(sequence.tokens) and usage["prompt_tokens"] >= len(ids)
     base = _v1(alice, "/completions", {**body, "model": BASE}).json()["choices"][0]
     assert base["logprobs"]["token_logprobs"] != choice["logprobs"]["token_logprobs"]
 
@@ -159,7 +162,8 @@ def test_bad_completions_are_a_4xx_naming_the_field(served, change, status, word
     body = {"model": BASE, "prompt": "hi", "max_tokens": 2, **change}
     answer = _v1(alice, "/completions", body)
     assert answer.status_code == status, answer.text
-    assert words in answer.json()["error"]
+    error = answer.json()["error"]
+    assert words in error["message"] and error["type"] == TYPES[status], error
 
 
 def test_another_keys_adapter_is_a_404_like_a_missing_one(served):
@@ -185,9 +189,12 @@ def test_another_keys_adapter_is_a_404_like_a_missing_one(served):
 def test_bad_chat_messages_are_a_400(served, messages, words):
     _, alice, _, _, _ = served
     answer = _v1(alice, "/chat/completions", {"model": BASE, "messages": messages})
-    assert answer.status_code == 400 and words in answer.json()["error"], answer.text
+    assert answer.status_code == 400 and words in answer.json()["error"]["message"], answer.text
 
 
-def test_no_key_is_a_401(served):
+def test_no_key_is_a_401_in_openais_error_shape(served):
     _, alice, _, _, _ = served
-    assert alice.http.get("/v1/models").status_code == 401
+    answer = alice.http.get("/v1/models")
+    assert answer.status_code == 401
+    assert answer.json()["error"]["type"] == "authentication_error"
+    assert answer.json()["request_id"] == answer.headers["x-request-id"]

@@ -1,4 +1,4 @@
-"""The FastAPI application: error handling, limits, start-up, and the routers.
+"""The FastAPI application: error handling, limits, observability, start-up, and the routers.
 
 ``create_app(state)`` serves an already built ServerState (tests build one in process);
 ``create_app_from_config(config)`` builds it in the background so ``/api/v1/healthz``
@@ -23,6 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import ApiError, as_api_error
 from twinkle.server.limits import BodyLimit
+from twinkle.server.observability.requests import current_request_id
+from twinkle.server.openai.errors import PREFIX as OPENAI_PREFIX
+from twinkle.server.openai.errors import openai_error_body
 from twinkle.server.sessions import REAP_INTERVAL_S
 from twinkle.server.state import ServerState, build_state, load_services
 from twinkle.utils import get_logger
@@ -39,14 +42,21 @@ class ResultJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def error_response(exc: BaseException, home: str) -> JSONResponse:
-    """The HTTP answer for a request that raised ``exc`` (``errors.as_api_error``), server
-    paths hidden; a genuine server fault is logged with its traceback."""
+def error_response(exc: BaseException, home: str, path: str = "") -> JSONResponse:
+    """The HTTP answer for a request to ``path`` that raised ``exc`` (``errors.as_api_error``),
+    server paths hidden, in OpenAI's shape on its routes; a genuine server fault is logged
+    with its traceback."""
     answer = as_api_error(exc)
     if answer.status >= 500 and not isinstance(exc, ApiError):
-        logger.error(f"unexpected error: {type(exc).__name__}: {exc}", exc_info=exc)
+        logger.error(
+            f"request_id={current_request_id()} unexpected error: {type(exc).__name__}: {exc}",
+            exc_info=exc,
+        )
     body = answer.body()
     body["error"] = body["error"].replace(home, "<home>")
+    body["request_id"] = current_request_id()
+    if path.startswith(OPENAI_PREFIX):
+        body = openai_error_body(body, answer.status)
     return JSONResponse(status_code=answer.status, content=body)
 
 
@@ -76,7 +86,7 @@ class ErrorAnswers:
         except Exception as exc:
             if started:  # half an answer went out: nothing left to say on this connection
                 raise
-            await error_response(exc, self.home)(scope, receive, send)
+            await error_response(exc, self.home, scope["path"])(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI, state: ServerState) -> None:
@@ -85,14 +95,14 @@ def install_error_handlers(app: FastAPI, state: ServerState) -> None:
     home = str(state.home)
 
     async def answer(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc, home)
+        return error_response(exc, home, request.url.path)
 
     app.add_exception_handler(RequestValidationError, answer)
     app.add_exception_handler(StarletteHTTPException, answer)
 
 
 def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
-    from twinkle.server import openai, tinker
+    from twinkle.server import observability, openai, tinker
     from twinkle.server.routes import data, models, runs, service
 
     @asynccontextmanager
@@ -119,6 +129,7 @@ def create_app(state: ServerState, load_in_background: bool = False) -> FastAPI:
     app.include_router(openai.router, prefix="/v1")
     app.add_middleware(BodyLimit, max_bytes=state.config.limits.max_body_bytes)
     app.add_middleware(ErrorAnswers, home=str(state.home))
+    observability.install(app, state)  # outermost: request ids reach every answer
     return app
 
 

@@ -65,6 +65,8 @@ class FutureManager:
         self.keep = keep
         self._live: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
+        # Called as (owner, operation, lane, result) when work finishes well (usage, metrics).
+        self.observers: list[Callable[[str, str, str | None, Any], None]] = []
         lost = store.fail_pending_futures(RESTART_ERROR, time.time())
         if lost:
             logger.warning(f"{lost} request(s) were pending when the server stopped: failed them")
@@ -99,16 +101,20 @@ class FutureManager:
             self._live[future_id] = future
             while len(self._live) > self.keep:
                 self._live.popitem(last=False)
-        future.add_done_callback(lambda f: self._record(future_id, f))
+        future.add_done_callback(lambda f: self._record(future_id, f, (owner, operation, lane)))
         return future_id
 
     def reserve(
-        self, owner: str, operation: str, idempotency_key: str | None = None
+        self,
+        owner: str,
+        operation: str,
+        idempotency_key: str | None = None,
+        lane: str | None = None,
     ) -> tuple[str, Future | None]:
         """A future id now, for work that starts later (the Tinker routes hold a request
         until its seq_id's turn). Returns ``(id, placeholder)``; the placeholder is None when
         the idempotency key names an earlier request, whose id is returned instead. Pass the
-        placeholder to ``start`` once the work may run."""
+        placeholder to ``start`` once the work may run (on ``lane``, which observers see)."""
         with self._lock:
             if idempotency_key:
                 existing = self.store.future_by_idempotency_key(owner, idempotency_key)
@@ -129,7 +135,8 @@ class FutureManager:
             self._live[future_id] = placeholder
             while len(self._live) > self.keep:
                 self._live.popitem(last=False)
-        placeholder.add_done_callback(lambda f: self._record(future_id, f))
+        work = (owner, operation, lane)
+        placeholder.add_done_callback(lambda f: self._record(future_id, f, work))
         return future_id, placeholder
 
     @staticmethod
@@ -179,7 +186,7 @@ class FutureManager:
             )
         return future
 
-    def _record(self, future_id: str, future: Future) -> None:
+    def _record(self, future_id: str, future: Future, work: tuple[str, str, str | None]) -> None:
         if future.cancelled():
             error = Timeout("the request timed out before it ran and was cancelled").body()
             self.store.finish_future(future_id, "failed", None, error, time.time())
@@ -187,6 +194,11 @@ class FutureManager:
         exc = future.exception()
         if exc is None:
             self.store.finish_future(future_id, "done", None, None, time.time())
+            for observer in self.observers:
+                try:
+                    observer(*work, future.result())
+                except Exception:  # noqa: BLE001 - counting must never fail the request
+                    logger.exception(f"observing request {future_id} failed")
         else:
             body = _error_body(exc)
             if body["category"] == "server" and not isinstance(exc, ApiError):

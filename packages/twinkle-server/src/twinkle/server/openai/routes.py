@@ -73,6 +73,15 @@ async def _complete(request: Request, chat: bool) -> Any:
     )
     responses: list[SampleResponse] = await asyncio.wrap_future(future)
     prompt_tokens = [len(p.input_ids) * asked.params.num_samples for p in prompts]
+    counted = answers.usage(responses, prompt_tokens)
+    request.app.state.meter.add_usage(
+        principal.key_id,
+        {
+            "requests": 1,
+            "sampled_tokens": counted["completion_tokens"],
+            "prompt_tokens": counted["prompt_tokens"],
+        },
+    )
     prefix = "chatcmpl-" if chat else "cmpl-"
     answer = answers.Answer(prefix + secrets.token_hex(12), int(time.time()), asked.model, chat)
     tokenizer = template.tokenizer

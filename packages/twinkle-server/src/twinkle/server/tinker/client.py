@@ -1,5 +1,5 @@
-"""The SDK's start-up and housekeeping routes: client/config, dynamic_config, telemetry,
-and the session listing of the RestClient.
+"""The SDK's start-up and housekeeping routes: client/config, dynamic_config, telemetry
+(stored), and the session listing of the RestClient.
 
 client/config turns off the SDK features this server does not offer (JWT exchange, the
 session-level futures poller, joined sampling sessions, server-side custom losses, zstd
@@ -9,11 +9,14 @@ to send (limits.max_batch_rows).
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 
-from twinkle.server.errors import NotFound
-from twinkle.server.routes.common import caller, state_of
+from twinkle.server.errors import BadRequest, NotFound, PayloadTooLarge
+from twinkle.server.routes.common import caller, json_body, state_of
 from twinkle.server.routes.runs import page
+from twinkle.server.store import TelemetryEvent
 
 router = APIRouter()
 CLIENT_CONFIG = {
@@ -25,6 +28,7 @@ CLIENT_CONFIG = {
     "parallel_fwdbwd_chunks": True,
 }
 MAX_RUNS_LISTED = 1000
+MAX_TELEMETRY_EVENTS = 1000  # the SDK flushes far fewer at a time
 
 
 @router.post("/client/config")
@@ -44,8 +48,24 @@ async def dynamic_config(request: Request) -> dict:
 
 @router.post("/telemetry")
 async def telemetry(request: Request) -> dict:
-    """Accepted and dropped: the server keeps no client telemetry."""
-    caller(request)
+    """The SDK's events (session starts and ends, exceptions it met, timings), kept in the
+    store under the caller's key as they came: an operator reads a tenant's client errors
+    beside the server's log (``/api/v1/dashboard`` shows the latest)."""
+    principal = caller(request)
+    body = await json_body(request)
+    events = body.get("events")
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise BadRequest("telemetry needs 'events': a list of objects")
+    if len(events) > MAX_TELEMETRY_EVENTS:
+        raise PayloadTooLarge(
+            f"{len(events)} telemetry events in one batch; at most {MAX_TELEMETRY_EVENTS}"
+        )
+    meta = {name: body.get(name) for name in ("session_id", "platform", "sdk_version")}
+    meta = {name: v if isinstance(v, str) else None for name, v in meta.items()}
+    now = time.time()
+    state_of(request).store.add_telemetry(
+        [TelemetryEvent(principal.key_id, received_at=now, event=e, **meta) for e in events]
+    )
     return {"status": "accepted"}
 
 

@@ -59,7 +59,7 @@ def submit_ordered(
     if existing is not None:  # a resubmit: the first request's work is the answer
         return {"request_id": existing, "model_id": model_id}
     future_id, placeholder = state.futures.reserve(
-        principal.key_id, operation, idempotency_key(request)
+        principal.key_id, operation, idempotency_key(request), lane=model_id
     )
     if placeholder is None:
         return {"request_id": future_id, "model_id": model_id}
@@ -80,7 +80,7 @@ def submit_unordered(
     """Queue work that no seq_id orders (creating a model) on the model's ``lane``."""
     state = state_of(request)
     future_id, placeholder = state.futures.reserve(
-        principal.key_id, operation, idempotency_key(request)
+        principal.key_id, operation, idempotency_key(request), lane=lane
     )
     if placeholder is not None:
         state.futures.start(placeholder, state.model.worker, lane, work)

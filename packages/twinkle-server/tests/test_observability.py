@@ -1,0 +1,119 @@
+"""Observability in process: request ids in answers and error bodies, /metrics counting
+requests, latency, tokens per key, queues and slots, usage per key in the store, the Tinker
+telemetry route stored, and the dashboard's data showing a key only its own runs. (The
+dashboard page in headless Chromium: test_served_process.py.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+FEATURE = {"input_ids": [1, 2, 3, 4, 5, 6], "labels": [-100, -100, 3, 4, 5, 6]}
+TARGET_TOKENS = 4  # the labels that are not -100
+
+
+@pytest.fixture(scope="module")
+def tenants(server, make_tenant):
+    state, http, keys = server
+    return state, make_tenant(http, keys["alice"]), make_tenant(http, keys["bob"])
+
+
+def samples(http) -> dict[tuple[str, tuple], float]:
+    answer = http.get("/metrics")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+    }
+
+
+def test_every_answer_carries_a_request_id_and_errors_name_it(tenants):
+    _, alice, _ = tenants
+    ok = alice.get("/capacity")
+    assert re.fullmatch(r"req-[0-9a-f]{16}", ok.headers["x-request-id"])
+    refused = alice.post("/twinkle/model/forward_backward", {"training_run_id": "nope:train:0"})
+    assert refused.status_code == 404
+    assert refused.json()["request_id"] == refused.headers["x-request-id"]
+    mine = alice.http.get("/api/v1/capacity", headers={**alice.headers, "X-Request-Id": "trace-7"})
+    assert mine.headers["x-request-id"] == "trace-7"
+    odd = alice.http.get("/api/v1/capacity", headers={**alice.headers, "X-Request-Id": "a b\x01"})
+    assert odd.headers["x-request-id"].startswith("req-")
+    assert alice.http.get("/api/v1/capacity").json()["request_id"].startswith("req-")  # 401
+
+
+def test_metrics_count_routes_tokens_per_key_and_slots(tenants):
+    state, alice, bob = tenants
+    before = samples(alice.http)
+    run = alice.new_run()
+    for _ in range(3):
+        alice.ok(run, "forward_backward", inputs=[FEATURE, FEATURE])
+    after = samples(alice.http)
+    alice_id, bob_id = alice.key_id(), bob.key_id()
+
+    def grew(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("twinkle_tokens_trained_total", tenant=alice_id) == 3 * 2 * TARGET_TOKENS
+    assert grew("twinkle_tokens_trained_total", tenant=bob_id) == 0
+    route = "/api/v1/twinkle/model/{method}"
+    assert grew("twinkle_http_requests_total", method="POST", route=route, status="200") == 3
+    assert grew("twinkle_http_request_duration_seconds_count", method="POST", route=route) == 3
+    used = after[("twinkle_lora_slots", (("state", "used"),))]
+    free = after[("twinkle_lora_slots", (("state", "free"),))]
+    assert used == len(state.model.live) >= 1 and used + free == state.config.model.max_loras
+    assert after[("twinkle_queue_depth", (("worker", "model"),))] == 0
+    unmatched = (
+        "twinkle_http_requests_total",
+        (("method", "GET"), ("route", "unmatched"), ("status", "404")),
+    )
+    alice.http.get("/no/such/path")
+    assert samples(alice.http).get(unmatched, 0) == after.get(unmatched, 0) + 1
+
+    usage = {u.metric: u.amount for u in state.store.usage(alice_id)}
+    assert usage["train_tokens"] >= 3 * 2 * TARGET_TOKENS
+    assert "train_tokens" not in {u.metric for u in state.store.usage(bob_id)}
+
+
+def test_dashboard_data_is_the_callers_own(tenants):
+    state, alice, bob = tenants
+    run = alice.new_run()
+    for _ in range(2):
+        alice.ok(run, "forward_backward", inputs=[FEATURE])
+    data = alice.get("/dashboard").json()
+    mine = next(r for r in data["runs"] if r["id"] == run)
+    assert len(mine["losses"]) == 2 and all(loss > 0 for _, loss in mine["losses"])
+    assert data["slots"] == alice.get("/capacity").json()
+    assert set(data["queues"]) == {"model"} and data["key"]["name"] == "alice"
+    theirs = bob.get("/dashboard").json()
+    assert run not in {r["id"] for r in theirs["runs"]}
+    page = alice.http.get("/dashboard")
+    assert page.status_code == 200 and 'id="run-rows"' in page.text
+    assert (
+        alice.http.get("/dashboard/dashboard.js")
+        .headers["content-type"]
+        .startswith("text/javascript")
+    )
+    assert alice.http.get("/dashboard/secret.py").status_code == 404
+
+
+def test_tinker_telemetry_is_stored_under_the_callers_key(tenants):
+    state, alice, bob = tenants
+    body = {
+        "events": [{"event": "SESSION_START", "event_id": "e1"}, {"event": "GENERIC_EVENT"}],
+        "platform": "linux",
+        "sdk_version": "0.38.0",
+        "session_id": alice.session,
+        "process_uuid": "p",
+    }
+    assert alice.post("/telemetry", body).json() == {"status": "accepted"}
+    kept = state.store.list_telemetry(alice.key_id(), 10)
+    assert [t.event["event"] for t in kept[:2]] == ["GENERIC_EVENT", "SESSION_START"]
+    assert kept[0].session_id == alice.session and kept[0].sdk_version == "0.38.0"
+    assert state.store.list_telemetry(bob.key_id(), 10) == []
+    assert alice.get("/dashboard").json()["telemetry"][0]["event"]["event"] == "GENERIC_EVENT"
+    assert alice.post("/telemetry", {"events": "x"}).status_code == 400
+    assert alice.post("/telemetry", {"events": [{}] * 1001}).status_code == 413
