@@ -11,6 +11,7 @@ from twinkle.hub import PluginError
 from twinkle.loss import LOSSES
 from twinkle.model import TransformersModel
 from twinkle.module.optimizer import OPTIMIZERS
+from twinkle.preprocessor import PREPROCESSORS
 from twinkle.template import build_template
 
 MODEL_ID = "bundled://tiny-qwen3"
@@ -89,7 +90,9 @@ def test_a_hub_loss_without_consent_is_refused_and_the_model_keeps_its_loss(
     assert model.forward_only(features).loss == pytest.approx(plain)
 
 
-def test_a_plugin_loss_is_no_optimizer_and_a_missing_class_lists_the_losses(plugin):
+def test_a_plugin_loss_is_no_preprocessor_and_a_missing_class_lists_the_losses(plugin):
+    with pytest.raises(TypeError, match="is not a preprocessor: DoubledLoss subclasses"):
+        PREPROCESSORS.get(f"{plugin}:DoubledLoss")
     with pytest.raises(TypeError, match="is not an optimizer: DoubledLoss subclasses"):
         OPTIMIZERS.get(f"{plugin}:DoubledLoss")
     with pytest.raises(ValueError, match="provides DoubledLoss, ForwardCount"):
