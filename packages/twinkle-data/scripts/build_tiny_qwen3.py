@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config
 
 HERE = Path(__file__).parent
+CHAT_TEMPLATE = HERE.parent / "src/twinkle/template/formats/qwen3.jinja"
 DEFAULT_OUTPUT = HERE.parent / "src/twinkle/hub/bundled/models/tiny-qwen3"
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -120,7 +121,7 @@ def build(output: Path) -> None:
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = (HERE / "chat_template.jinja").read_text()
+    fast.chat_template = CHAT_TEMPLATE.read_text()
     fast.save_pretrained(output)
     config = Qwen3Config(
         vocab_size=len(fast),

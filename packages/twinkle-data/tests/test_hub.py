@@ -94,18 +94,37 @@ def test_bundled_datasets_are_folders_of_split_files(dataset_id):
     assert len(list(path.glob("**/train.jsonl"))) == 1, "one train split, maybe under a subset"
 
 
+BUNDLED_MODELS = [
+    f"bundled://tiny-{family}"
+    for family in (
+        "deepseek-v3",
+        "gemma3",
+        "glm4.5",
+        "llama3",
+        "mistral",
+        "phi4",
+        "qwen2.5",
+        "qwen3",
+        "qwen3-moe",
+        "qwen3.5",
+        "qwen3.5-moe",
+    )
+]
+
+
 def test_bundled_ids_lists_every_bundled_model_and_dataset():
-    assert bundled_ids("model") == ["bundled://tiny-qwen3"]
+    assert bundled_ids("model") == BUNDLED_MODELS
     assert bundled_ids("dataset") == BUNDLED_DATASETS
-    assert bundled_ids() == ["bundled://tiny-qwen3", *BUNDLED_DATASETS]
+    assert bundled_ids() == [*BUNDLED_MODELS, *BUNDLED_DATASETS]
 
 
 def test_unknown_bundled_id_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown bundled dataset bundled://gsm9k") as info:
         resolve_dataset("bundled://gsm9k")
     assert all(known in str(info.value) for known in BUNDLED_DATASETS)
-    with pytest.raises(ValueError, match="bundled models are: bundled://tiny-qwen3"):
+    with pytest.raises(ValueError, match="bundled models are: bundled://tiny-deepseek-v3") as info:
         resolve_model("bundled://tiny-llama")
+    assert all(known in str(info.value) for known in BUNDLED_MODELS)
 
 
 def test_bundled_id_of_the_other_kind_points_to_the_other_resolver():

@@ -373,7 +373,8 @@ class Template:
                 if difference is not None:
                     self._report_history_mismatch(index, turn, difference)
                     after = spans[-1][1] if spans else 0
-                    span = locate_reply(text, through[span[0] : span[1]], after)
+                    header = self._reply_header(conv, position, prompt, index)
+                    span = locate_reply(text, through[span[0] : span[1]], after, header)
             spans.append(span)
         return spans
 
@@ -387,10 +388,8 @@ class Template:
         index: int,
     ) -> Span:
         """The reply's span in ``through`` when ``prompt`` is not its start (the warned
-        case): after the last copy of the header the generation prompt adds (one more
-        render, only here)."""
-        bare = self._render(conv.messages[:position], conv.tools, False, False, index).text
-        header = prompt[len(os.path.commonprefix([bare, prompt])) :]
+        case): after the last copy of the reply header."""
+        header = self._reply_header(conv, position, prompt, index)
         at = through.rfind(header) if header else -1
         if at == -1:
             raise EncodeError(
@@ -400,6 +399,12 @@ class Template:
                 "found; pass chat_template=... with {% generation %} blocks around each reply",
             )
         return reply_span(through[: at + len(header)], through, self.stop_tokens)
+
+    def _reply_header(self, conv: Conversation, position: int, prompt: str, index: int) -> str:
+        """What the generation prompt adds to the conversation before a reply (its
+        header): one more render, made only for a warned history mismatch."""
+        bare = self._render(conv.messages[:position], conv.tools, False, False, index).text
+        return prompt[len(os.path.commonprefix([bare, prompt])) :]
 
     def _report_history_mismatch(self, index: int, turn: int, difference: str) -> None:
         error = HistoryMismatchError(

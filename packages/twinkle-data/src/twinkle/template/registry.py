@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.template.base import Template
+from twinkle.template.families import BUILT_IN_TEMPLATES
 from twinkle.template.qwen import Qwen3_5Template
 from twinkle.utils import Registry
 
@@ -14,6 +15,8 @@ TEMPLATES: Registry[type[Template]] = Registry("template", base=Template)
 
 TEMPLATES.register(Template)
 TEMPLATES.register(Qwen3_5Template)
+for _template in BUILT_IN_TEMPLATES:
+    TEMPLATES.register(_template)
 
 
 def build_template(template: str | type[Template] | Template, **kwargs: Any) -> Template:

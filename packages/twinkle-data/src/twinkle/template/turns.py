@@ -44,10 +44,12 @@ def reply_span(prompt: str, through: str, stops: tuple[str, ...]) -> Span | str:
     return start, max(ends, default=len(through))
 
 
-def locate_reply(text: str, reply: str, after: int) -> Span:
+def locate_reply(text: str, reply: str, after: int, header: str) -> Span:
     """Where a reply that the whole conversation renders differently (a rewritten turn)
     sits in ``text`` after ``after``: the longest end of ``reply`` found there (what a
-    rewrite keeps is the end: the answer and its end-of-turn token), or an empty span."""
+    rewrite keeps is the end: the answer and its end-of-turn token), starting right after
+    as much of the reply ``header`` as the whole rendering kept; an empty span when no
+    part of it is found."""
     low, high = 0, len(reply)  # invariant: the last `low` characters are found
     while low < high:
         middle = (low + high + 1) // 2
@@ -58,4 +60,15 @@ def locate_reply(text: str, reply: str, after: int) -> Span:
     if low == 0:
         return after, after
     start = text.find(reply[len(reply) - low :], after)
-    return start, start + low
+    end = start + low
+    candidates = range(start, min(end, start + len(header)) + 1)
+    start = max(candidates, key=lambda at: (_header_before(text, at, header), -at))
+    return start, end
+
+
+def _header_before(text: str, at: int, header: str) -> int:
+    """How many leading characters of ``header`` end ``text`` just before ``at``."""
+    for length in range(min(len(header), at), 0, -1):
+        if text[at - length : at] == header[:length]:
+            return length
+    return 0

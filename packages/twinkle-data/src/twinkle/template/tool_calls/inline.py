@@ -22,7 +22,7 @@ class Llama3JsonToolCalls(ToolCallFormat):
     does not start with ``{`` is plain content."""
 
     name = "llama3_json"
-    markers = ("<|python_tag|>", "<|eom_id|>")
+    markers = ("<|python_tag|>", '"parameters": ')
 
     def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         body = text.strip().removeprefix("<|python_tag|>").strip()

@@ -1,0 +1,145 @@
+"""Built-in chat formats: each family's chat template, written for Twinkle from the
+format's public description (``formats/<name>.jinja``), with its stop tokens and its
+tool-call format, as registered Templates (``set_template('Llama3Template', ...)``).
+
+A built-in Template renders with its own format instead of the tokenizer's template (for
+a base model whose tokenizer has none, or to pin the format); ``chat_template=...``
+still overrides it. The tokenizer must hold the format's special tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from twinkle.template.base import Template
+
+FORMATS = Path(__file__).parent / "formats"
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """``name``: the template file ``formats/<name>.jinja``; ``tokens``: the special
+    tokens its markup needs; ``stops``: the tokens that end a reply; ``tool_calls``:
+    the name of its tool-call format, or None when it has none."""
+
+    name: str
+    tokens: tuple[str, ...]
+    stops: tuple[str, ...]
+    tool_calls: str | None
+
+    def chat_template(self) -> str:
+        return (FORMATS / f"{self.name}.jinja").read_text()
+
+
+class FormatTemplate(Template):
+    """A Template with a built-in chat format (``chat_format``); arguments are those of
+    :class:`Template`, given by keyword."""
+
+    chat_format: ClassVar[ChatFormat]
+
+    def __init__(self, model_id: str, **kwargs: Any) -> None:
+        chat = self.chat_format
+        if kwargs.get("chat_template") is None:
+            kwargs["chat_template"] = chat.chat_template()
+        if kwargs.get("tool_call_format") is None:
+            kwargs["tool_call_format"] = chat.tool_calls
+        super().__init__(model_id, **kwargs)
+        vocab = self.tokenizer.get_vocab()
+        missing = [token for token in chat.tokens if token not in vocab]
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} writes the {chat.name} chat format, but the tokenizer "
+                f"of {model_id} lacks its tokens {', '.join(missing)}; use the Template of this "
+                "model's family, or Template to render with the tokenizer's own chat template"
+            )
+        self.stop_tokens = tuple(dict.fromkeys((*self.stop_tokens, *chat.stops)))
+
+
+_CHATML = ("<|im_start|>", "<|im_end|>")
+
+
+class Llama3Template(FormatTemplate):
+    """Llama 3.1+: header tokens, ``<|eot_id|>`` turns, JSON tool calls, ipython results."""
+
+    chat_format = ChatFormat(
+        "llama3",
+        ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        ("<|eot_id|>", "<|eom_id|>"),
+        "llama3_json",
+    )
+
+
+class MistralTemplate(FormatTemplate):
+    """Mistral instruct (v3 tokenizers): ``[INST]`` turns, ``[TOOL_CALLS]`` JSON lists."""
+
+    chat_format = ChatFormat("mistral", ("[INST]", "[/INST]", "</s>"), ("</s>",), "mistral")
+
+
+class Gemma3Template(FormatTemplate):
+    """Gemma 3: ``<start_of_turn>user``/``model`` turns ended by ``<end_of_turn>``."""
+
+    chat_format = ChatFormat(
+        "gemma3", ("<start_of_turn>", "<end_of_turn>"), ("<end_of_turn>",), None
+    )
+
+
+class DeepSeekV3Template(FormatTemplate):
+    """DeepSeek-V3 / R1: ``<｜User｜>``/``<｜Assistant｜>`` turns, tool-call tokens."""
+
+    chat_format = ChatFormat(
+        "deepseek_v3",
+        ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+        ("<｜end▁of▁sentence｜>",),
+        "deepseek",
+    )
+
+
+class Glm4Template(FormatTemplate):
+    """GLM-4.5: role tokens with no end-of-turn token, key/value tool calls."""
+
+    chat_format = ChatFormat(
+        "glm4",
+        ("[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>"),
+        ("<|user|>", "<|observation|>"),
+        "glm45",
+    )
+
+
+class Phi4Template(FormatTemplate):
+    """Phi-4: ``<|im_start|>ROLE<|im_sep|>...<|im_end|>`` turns."""
+
+    chat_format = ChatFormat("phi4", (*_CHATML, "<|im_sep|>"), ("<|im_end|>",), None)
+
+
+class Qwen2_5Template(FormatTemplate):
+    """Qwen2.5: ChatML with a default system prompt and Hermes tool calls."""
+
+    chat_format = ChatFormat("qwen2_5", _CHATML, ("<|im_end|>",), "hermes")
+
+
+class Qwen3Template(FormatTemplate):
+    """Qwen3: ChatML with thinking and Hermes tool calls."""
+
+    chat_format = ChatFormat("qwen3", _CHATML, ("<|im_end|>",), "hermes")
+
+
+class Qwen3_5FormatTemplate(FormatTemplate):
+    """Qwen3.5: ChatML with thinking and XML tool calls (``Qwen3_5Template`` scans the
+    tokenizer's own template instead)."""
+
+    chat_format = ChatFormat("qwen3_5", _CHATML, ("<|im_end|>",), "qwen_xml")
+
+
+BUILT_IN_TEMPLATES: tuple[type[FormatTemplate], ...] = (
+    Llama3Template,
+    MistralTemplate,
+    Gemma3Template,
+    DeepSeekV3Template,
+    Glm4Template,
+    Phi4Template,
+    Qwen2_5Template,
+    Qwen3Template,
+    Qwen3_5FormatTemplate,
+)
