@@ -210,8 +210,9 @@ def bench_rl(session: nox.Session) -> None:
 
 @nox.session(name="bench-server", default=False)
 def bench_server(session: nox.Session) -> None:
-    """forward_backward over HTTP with 1, 4 and 16 tenants against in process; LoRA slot churn."""
-    _run_benchmarks(session, "twinkle-kit", "bench_server.py")
+    """forward_backward over HTTP with 1, 4 and 16 tenants against in process; LoRA slot churn;
+    the OpenAI endpoint's time to first token and tokens/s against the sampler in process."""
+    _run_benchmarks(session, "twinkle-kit", "bench_server.py", "bench_openai.py")
 
 
 @nox.session(name="bench-megatron", default=False)

@@ -1,4 +1,5 @@
-"""A twinkle-server process on 127.0.0.1 for the benchmarks: tiny model on CPU, no sampler.
+"""A twinkle-server process on 127.0.0.1 for the benchmarks: tiny model on CPU, a sampler
+only when asked for.
 
 Keys are created in the store before the server starts (as ``twinkle-server keys create``
 does), so a benchmark has them without a CLI round trip.
@@ -20,14 +21,22 @@ from twinkle.server.store import SQLiteStore
 
 
 class LocalServer:
-    def __init__(self, home: Path, key_names: list[str], max_loras: int) -> None:
+    def __init__(
+        self, home: Path, key_names: list[str], max_loras: int, sampler_max_tokens: int = 0
+    ) -> None:
+        """``sampler_max_tokens`` > 0 enables a TorchSampler with that completion limit."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        sampler = (
+            f"{{enabled: true, kind: torch, max_tokens: {sampler_max_tokens}}}"
+            if sampler_max_tokens
+            else "{enabled: false}"
+        )
         config = home / "config.yaml"
         config.write_text(
             f"port: {port}\nmodel: {{model_id: 'bundled://tiny-qwen3', max_loras: {max_loras},"
-            f" device: cpu}}\nsampler: {{enabled: false}}\nstorage: {{home: '{home}'}}\n"
+            f" device: cpu}}\nsampler: {sampler}\nstorage: {{home: '{home}'}}\n"
         )
         store = SQLiteStore(home / "state.db")
         self.keys = [create_key(store, name)[0] for name in key_names]

@@ -135,6 +135,11 @@ def test_a_stop_string_ends_the_text_before_it(served):
     stop = free[3:5]
     stopped = _v1(alice, "/completions", {**body, "stop": stop}).json()["choices"][0]
     assert stopped["text"] == free[: free.find(stop)] and stopped["finish_reason"] == "stop"
+    forced = _v1(alice, "/completions", {**body, "ignore_eos": True}).json()  # vLLM's extension
+    assert (
+        forced["usage"]["completion_tokens"] == 12
+        and forced["choices"][0]["finish_reason"] == "length"
+    )
 
 
 @pytest.mark.parametrize(

@@ -119,3 +119,14 @@ def test_usage_adds_up_per_key_and_day(tmp_path):
         ("2023-11-15", "requests"): 1.0,
     }
     assert {u.owner for u in store.usage()} == {"alice", "bob"}
+
+
+def test_the_command_refuses_a_newer_state_file_with_its_message(tmp_path, capsys):
+    from twinkle.server.cli import main
+
+    newer = MIGRATIONS + (Migration(MIGRATIONS[-1].version + 1, "future", ("CREATE TABLE z (a)",)),)
+    _file_at(tmp_path / "state.db", newer)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"storage: {{home: '{tmp_path}', database: '{tmp_path / 'state.db'}'}}\n")
+    assert main(["keys", "list", "-c", str(config)]) == 2
+    assert "written by a newer twinkle-server" in capsys.readouterr().err

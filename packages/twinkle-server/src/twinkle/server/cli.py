@@ -13,6 +13,7 @@ from twinkle.server.config import (
     dump_config,
     load_config,
 )
+from twinkle.server.store.migrations import MigrationError, SchemaVersionError
 
 DESCRIPTION = """\
 The Twinkle training service: one base model, many tenants' LoRA adapters, the Twinkle and
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, SchemaVersionError, MigrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

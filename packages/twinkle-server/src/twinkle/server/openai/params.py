@@ -63,7 +63,8 @@ def read(body: dict[str, Any], config: ServerConfig, chat: bool, vocab: int | No
         "top_p": _optional(body, "top_p", lambda v: number(v, "top_p", 0, 1, low_open=True)),
         "seed": body.get("seed"),
         "stop": _stop(body.get("stop")),
-        "top_k": body.get("top_k"),  # not OpenAI's, but vLLM's servers take it too
+        "top_k": body.get("top_k"),  # top_k and ignore_eos: not OpenAI's, but vLLM's
+        "ignore_eos": _flag(body, "ignore_eos") or None,  # servers take them too
     }
     raw = {k: v for k, v in raw.items() if v is not None}
     check_sampling_values(raw, config.sampler.max_tokens, vocab)
