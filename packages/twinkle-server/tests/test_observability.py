@@ -65,6 +65,9 @@ def test_metrics_count_routes_tokens_per_key_and_slots(tenants):
     used = after[("twinkle_lora_slots", (("state", "used"),))]
     free = after[("twinkle_lora_slots", (("state", "free"),))]
     assert used == len(state.model.live) >= 1 and used + free == state.config.model.max_loras
+    assert after[("twinkle_lora_slots_held", (("tenant", alice_id),))] == state.model.slots_held(
+        alice_id
+    )
     assert after[("twinkle_queue_depth", (("worker", "model"),))] == 0
     unmatched = (
         "twinkle_http_requests_total",
@@ -117,3 +120,20 @@ def test_tinker_telemetry_is_stored_under_the_callers_key(tenants):
     assert alice.get("/dashboard").json()["telemetry"][0]["event"]["event"] == "GENERIC_EVENT"
     assert alice.post("/telemetry", {"events": "x"}).status_code == 400
     assert alice.post("/telemetry", {"events": [{}] * 1001}).status_code == 413
+
+
+def test_tokens_and_losses_are_read_from_both_protocols_results():
+    import numpy as np
+
+    from twinkle.server.observability.work_results import sampled_tokens, trained_tokens
+    from twinkle.server.tinker.codec import encode_forward_backward_output
+    from twinkle.server.tinker.sample_codec import TinkerSequence, encode_sample_response
+
+    outputs = [{"logprobs": np.zeros(5, np.float32)}, {"logprobs": np.zeros(3, np.float32)}]
+    tinker_step = encode_forward_backward_output(outputs, {"loss:sum": 16.0})
+    assert trained_tokens(tinker_step) == (8, 2.0)
+    assert trained_tokens({"num_tokens": 6.0, "loss": 1.5, "logps": [[0.0]]}) == (6, 1.5)
+    sequences = [TinkerSequence([1, 2, 3], [0.0] * 3, "stop"), TinkerSequence([4], [0.0], "length")]
+    assert sampled_tokens(encode_sample_response(sequences)) == 4
+    assert sampled_tokens({"sequences": [{"tokens": [1, 2]}], "responses": []}) == 2
+    assert trained_tokens(None) == (0, None) and sampled_tokens("x") == 0

@@ -83,6 +83,6 @@ def _checkpoint(record: CheckpointRecord) -> dict:
 
 def _queues(state: ServerState) -> dict:
     return {
-        name: {"pending": worker.pending(), "busy": worker.busy_lane is not None}
+        name: {"pending": worker.pending(), "busy": bool(worker.busy_lanes)}
         for name, worker in workers_of(state).items()
     }

@@ -11,6 +11,7 @@ Usage per key and UTC day (``requests``, ``train_tokens``, ``sampled_tokens``,
 
 from __future__ import annotations
 
+import collections
 import time
 from collections import defaultdict, deque
 from typing import Any
@@ -53,13 +54,18 @@ class ServiceCollector:
         )
         for name, worker in workers_of(self.state).items():
             queue.add_metric([name], worker.pending())
-            busy.add_metric([name], 0 if worker.busy_lane is None else 1)
+            busy.add_metric([name], 1 if worker.busy_lanes else 0)
         slots = GaugeMetricFamily("twinkle_lora_slots", "LoRA slots of the pool", labels=["state"])
-        if self.state.model is not None:
-            free = self.state.model.free_slots()
+        held = GaugeMetricFamily("twinkle_lora_slots_held", "LoRA slots per key", labels=["tenant"])
+        model = self.state.model
+        if model is not None:
+            free = model.free_slots()
             slots.add_metric(["used"], self.state.config.model.max_loras - free)
             slots.add_metric(["free"], free)
-        yield from (queue, busy, slots)
+            owners = collections.Counter(live.run.owner for live in list(model.live.values()))
+            for owner, count in sorted(owners.items()):
+                held.add_metric([owner], count)
+        yield from (queue, busy, slots, held)
 
 
 class Meter:
