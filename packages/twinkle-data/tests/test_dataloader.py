@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from twinkle.data_format import InputFeature
 from twinkle.dataloader import DEFAULT_SEED, DataLoader
-from twinkle.infra import RemoteClassSpec, reset
+from twinkle.infra import RemoteClassSpec
 from twinkle.infra.state import set_state
 from twinkle.mesh import DeviceMesh
 from twinkle.processor import InputProcessor
@@ -51,13 +51,7 @@ class Stream:
         return iter(rows(self.n))
 
 
-@pytest.fixture(autouse=True)
-def single_process(monkeypatch):
-    reset()
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("single_process")
 
 
 def as_rank(monkeypatch, rank: int, world_size: int) -> None:

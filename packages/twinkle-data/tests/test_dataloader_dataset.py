@@ -111,7 +111,12 @@ def test_padding_free_collation_agrees_with_packing(packed):
 
 def test_a_packed_dataset_cannot_be_collated_with_padding(packed):
     with pytest.raises(ValueError, match="padding_free=True"):
-        InputProcessor()(next(iter(DataLoader(packed, batch_size=2))))
+        InputProcessor(padding_free=False)(next(iter(DataLoader(packed, batch_size=2))))
+
+
+def test_by_default_a_packed_dataset_is_collated_padding_free(packed):
+    batch = InputProcessor()(next(iter(DataLoader(packed, batch_size=2))))
+    assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
 
 
 def test_a_streaming_dataset_resumes_exactly():

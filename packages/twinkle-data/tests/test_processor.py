@@ -261,9 +261,19 @@ def test_bad_batches_name_the_feature_and_the_problem(batch, error, match):
             processor(batch)
 
 
-def test_packed_features_need_padding_free_mode():
+def test_packed_features_cannot_be_padded():
     with pytest.raises(ValueError, match=r"feature 1 is packed.*padding_free=True"):
-        InputProcessor()([features()[0], packed_feature()])
+        InputProcessor(padding_free=False)([features()[0], packed_feature()])
+
+
+def test_by_default_packed_features_are_collated_padding_free_and_others_padded():
+    default, forced = InputProcessor(), InputProcessor(padding_free=True)
+    mixed = [features()[0], packed_feature()]
+    assert default.padding_free is None
+    for key, value in forced(mixed).items():
+        assert torch.equal(torch.as_tensor(default(mixed)[key]), torch.as_tensor(value)), key
+    padded = default(features())
+    assert "attention_mask" in padded and "cu_seq_lens_q" not in padded
 
 
 @pytest.mark.parametrize(
@@ -272,7 +282,7 @@ def test_packed_features_need_padding_free_mode():
         ({"padding_side": "middle"}, ValueError, "padding_side must be 'right' or 'left'"),
         ({"pad_token_id": -1}, ValueError, "pad_token_id must be a token id"),
         ({"pad_token_id": None}, ValueError, "pad_token_id must be a token id"),
-        ({"padding_free": "yes"}, TypeError, "padding_free must be True or False"),
+        ({"padding_free": "yes"}, TypeError, "padding_free must be True, False or None"),
         ({"pad_to_multiple_of": 0}, ValueError, "pad_to_multiple_of must be None or a positive"),
     ],
 )

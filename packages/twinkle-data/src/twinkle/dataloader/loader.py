@@ -6,6 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from twinkle.dataloader.length_groups import sample_lengths
 from twinkle.dataloader.plan import EpochPlan
 from twinkle.dataloader.stream import StreamReader
 from twinkle.infra import get_global_device_mesh, get_mode, remote_class, remote_function
@@ -64,6 +65,13 @@ class DataLoader:
     later epoch, and a count that is not on a batch boundary of this loader
     is an error. A stream cannot seek, so it is read up to the count.
 
+    ``group_by_length=True`` (map-style datasets) puts sequences of similar length in one
+    batch, so padded batches carry little padding: each window of 64 batches of the
+    epoch's order is sorted by length and its batches shuffled (``length_groups``). With
+    ``shuffle=True`` the windows and the batch order are random per ``(seed, epoch)``; the
+    order is rebuilt from them on resume, so a resume stays exact. Lengths come from an
+    encoded Dataset's ``length`` column, read once.
+
     ``num_workers > 0`` fetches rows in torch DataLoader worker processes
     (map-style datasets only); batches still come in order, so the state
     stays exact.
@@ -80,11 +88,17 @@ class DataLoader:
         num_workers: int = 0,
         drop_last: bool = False,
         collate: Callable[[list[Any]], Any] | None = None,
+        group_by_length: bool = False,
     ) -> None:
         _check_int("batch_size", batch_size, minimum=1)
         _check_int("seed", seed, minimum=0)
         _check_int("num_workers", num_workers, minimum=0)
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+        flags = (
+            ("shuffle", shuffle),
+            ("drop_last", drop_last),
+            ("group_by_length", group_by_length),
+        )
+        for name, flag in flags:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         if collate is not None and not callable(collate):
@@ -110,12 +124,20 @@ class DataLoader:
         self.seed = seed
         self.num_workers = num_workers
         self.collate = collate
+        self.group_by_length = group_by_length
         if _is_map_style(self.dataset):
+            lengths = sample_lengths(self.dataset) if group_by_length else None
             self._plan: EpochPlan | None = EpochPlan(
-                len(self.dataset), batch_size, self.min_batch_size, shuffle, seed
+                len(self.dataset), batch_size, self.min_batch_size, shuffle, seed, lengths
             )
             self._reader: StreamReader | None = None
         else:
+            if group_by_length:
+                raise ValueError(
+                    "group_by_length=True needs a map-style dataset (__len__ and __getitem__): "
+                    "a stream cannot be regrouped by index; pack it (IterablePackingDataset) "
+                    "or load it map-style"
+                )
             if shuffle:
                 raise ValueError(
                     "shuffle=True needs a map-style dataset (__len__ and __getitem__); a stream "

@@ -10,11 +10,17 @@ down to a multiple of ``batch_size``.
 A consumed-sample count ``c`` therefore names a position directly:
 ``epoch = c // samples_per_epoch`` and ``offset = c % samples_per_epoch``.
 Counts run across epochs. Resuming costs one permutation, never a replay.
+
+With ``lengths`` (``group_by_length``), the epoch's order is then rearranged so that each
+batch holds similar lengths (``length_groups.group_by_length``), from a generator of
+``(seed, epoch)`` as well: still a pure function of the epoch.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from twinkle.dataloader.length_groups import group_by_length
 
 
 class EpochPlan:
@@ -27,9 +33,16 @@ class EpochPlan:
     """
 
     def __init__(
-        self, num_samples: int, batch_size: int, min_batch_size: int, shuffle: bool, seed: int
+        self,
+        num_samples: int,
+        batch_size: int,
+        min_batch_size: int,
+        shuffle: bool,
+        seed: int,
+        lengths: np.ndarray | None = None,
     ) -> None:
         self.num_samples = num_samples
+        self.lengths = lengths
         self.batch_size = batch_size
         self.min_batch_size = min_batch_size
         self.shuffle = shuffle
@@ -54,11 +67,13 @@ class EpochPlan:
         (43, 0) apart. The last order is cached: every batch of an epoch reads it.
         """
         if self._order_epoch != epoch:
-            if self.shuffle:
-                rng = np.random.default_rng([self.seed, epoch])
-                self._order = rng.permutation(self.num_samples)
-            else:
-                self._order = np.arange(self.num_samples)
+            rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+            order = (
+                np.arange(self.num_samples) if rng is None else rng.permutation(self.num_samples)
+            )
+            if self.lengths is not None:
+                order = group_by_length(order, self.lengths, self.batch_size, rng)
+            self._order = order
             self._order_epoch = epoch
         return self._order
 

@@ -32,7 +32,14 @@ class InputProcessor:
     shifts labels must not predict it from the previous sequence's last token
     or from padding. PackingDataset makes the same choice.
 
-    Out, padded (``padding_free=False``): ``input_ids`` (padded with
+    ``padding_free`` picks the layout. ``None`` (the default) lets the model choose: the
+    batch is padded, and a model whose attention keeps packed sequences apart packs its
+    rows into one for the forward (``twinkle.processor.packed_rows``), so the loss, the
+    metrics and the outputs still see rows; features that are packed already (from
+    PackingDataset) are collated padding-free, as nothing else can hold them. ``True``
+    always collates padding-free and ``False`` always pads, the forward included.
+
+    Out, padded (``padding_free`` False or None): ``input_ids`` (padded with
     ``pad_token_id``), ``labels`` (padded with -100), ``attention_mask`` (1 on
     tokens, 0 on padding) and ``position_ids`` (0 on padding), all int64
     ``[B, T]`` and padded on ``padding_side``.
@@ -59,15 +66,18 @@ class InputProcessor:
         self,
         padding_side: str = "right",
         pad_token_id: int = 0,
-        padding_free: bool = False,
+        padding_free: bool | None = None,
         pad_to_multiple_of: int | None = None,
     ) -> None:
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be a token id (an int >= 0), got {pad_token_id!r}")
-        if not isinstance(padding_free, bool):
-            raise TypeError(f"padding_free must be True or False, got {padding_free!r}")
+        if padding_free is not None and not isinstance(padding_free, bool):
+            raise TypeError(
+                f"padding_free must be True, False or None (the model chooses), got "
+                f"{padding_free!r}"
+            )
         if pad_to_multiple_of is not None and (
             isinstance(pad_to_multiple_of, bool)
             or not isinstance(pad_to_multiple_of, int)
@@ -94,7 +104,10 @@ class InputProcessor:
         """``__call__`` as a plain method, for ``torch.utils.data.DataLoader(collate_fn=...)``:
         a bound method that pickles with its processor into DataLoader worker processes."""
         rows = to_token_rows(features)
-        return self._pack(rows) if self.padding_free else self._pad(rows)
+        packs = self.padding_free
+        if packs is None:
+            packs = any(bool((row.position_ids[1:] == 0).any()) for row in rows)
+        return self._pack(rows) if packs else self._pad(rows)
 
     def _round_up(self, length: int) -> int:
         multiple = self.pad_to_multiple_of or 1
@@ -106,7 +119,7 @@ class InputProcessor:
                 raise ValueError(
                     f"feature {index} is packed (its position_ids restart at 0 inside it), and an "
                     "attention mask cannot keep its sequences apart; collate packed features "
-                    "with InputProcessor(padding_free=True)"
+                    "with InputProcessor(padding_free=True) (or None, the default)"
                 )
         width = self._round_up(max(row.input_ids.numel() for row in rows))
         device = rows[0].input_ids.device
