@@ -5,7 +5,8 @@ InputFeatures (``Template.encode(..., add_generation_prompt=True)``) or Trajecto
 the sampler encodes that way with its template) and returns one SampleResponse per prompt,
 in input order, each holding ``num_samples`` SampledSequences. A sequence's
 ``new_input_feature`` is prompt plus completion with labels on the completion only, so the
-list of them goes straight into ``model.forward_backward``.
+list of them goes straight into ``model.forward_backward``. ``sample_many`` takes several
+such calls (``SampleRequest``s, of different adapters) and generates them as one batch.
 
 Weight sync (``twinkle.checkpoint_engine``) talks to a sampler through ``weight_names()``
 (name -> shape and dtype of what it can receive), ``load_weights`` (full tensors by name),
@@ -19,6 +20,7 @@ import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,17 @@ from twinkle.template import Template, build_template
 
 BASE_MODEL = "__base__"
 """``adapter_name`` that samples the base model even when LoRA adapters are loaded."""
+
+
+@dataclass
+class SampleRequest:
+    """One ``sample(inputs, sampling_params, adapter_name=..., num_samples=...)`` call, an
+    item of ``sample_many``."""
+
+    inputs: Any
+    sampling_params: SamplingParams | Mapping[str, Any] | None = None
+    adapter_name: str | None = None
+    num_samples: int | None = None
 
 
 class Sampler(ABC):

@@ -95,8 +95,11 @@ def generate(
     decode: Callable[[list[int]], str],
     pad_token_id: int,
     device: torch.device,
+    model_kwargs: dict | None = None,
 ) -> list[RowResult]:
-    """Sample one completion per prompt (``generators[i]`` drives row i)."""
+    """Sample one completion per prompt (``generators[i]`` drives row i); ``model_kwargs``
+    go to every forward (peft's per-row ``adapter_names``)."""
+    model_kwargs = model_kwargs or {}
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
@@ -113,6 +116,7 @@ def generate(
         position_ids=position_ids,
         use_cache=True,
         logits_to_keep=0 if want_prompt else 1,
+        **model_kwargs,
     )
     results = [RowResult() for _ in prompts]
     if want_prompt:
@@ -144,6 +148,7 @@ def generate(
             position_ids=positions,
             cache=cache,
             use_cache=True,
+            **model_kwargs,
         )
         cache, logits = out.cache, out.logits[:, -1].float()
     return results

@@ -3,14 +3,17 @@
 The sampler to test an RL loop on a CPU, and the reference vLLMSampler is checked against.
 It holds its own copy of the model, as vLLM does, and receives the trainer's weights through
 ``CheckpointEngineManager``. No prefix cache, no continuous batching: the prompts of one call
-are generated together, ``max_batch_size`` rows at a time.
+are generated together, ``max_batch_size`` rows at a time; ``sample_many`` generates several
+calls' rows together, each row through its own call's LoRA adapter (peft's mixed-adapter
+batches), as vLLM batches its multi-LoRA requests.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +24,7 @@ from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.infra import remote_class, remote_function
 from twinkle.mesh import DeviceMesh, Platform
 from twinkle.model.transformers.loading import load_causal_lm
-from twinkle.sampler.base import BASE_MODEL, Sampler
+from twinkle.sampler.base import BASE_MODEL, Sampler, SampleRequest
 from twinkle.sampler.decoding import generate
 from twinkle.sampler.prompts import (
     as_prompt_features,
@@ -42,6 +45,18 @@ def _default_device() -> torch.device:
     if device_type in ("cuda", "npu"):
         return torch.device(device_type, Platform.get_local_rank())
     return torch.device(device_type)
+
+
+@dataclass
+class _Prepared:
+    """One ``sample`` call checked and encoded: what its rows need to be generated."""
+
+    prompts: list
+    prompt_ids: list[list[int]]
+    params: SamplingParams
+    stop: StopRule
+    seed: int
+    adapter: str | None  # the peft adapter, BASE_MODEL, or None (no adapters loaded)
 
 
 def row_seed(base: int, prompt_index: int, sample_index: int) -> int:
@@ -99,26 +114,6 @@ class TorchSampler(Sampler):
 
     # ---- sampling -------------------------------------------------------------------------
 
-    def _model_for(self, adapter_name: str | None) -> torch.nn.Module:
-        """The model to run, with ``adapter_name``'s adapter active (sample() disables the
-        adapters for ``BASE_MODEL``)."""
-        if adapter_name == BASE_MODEL:
-            return self.model
-        if not isinstance(self.model, PeftModel):
-            if adapter_name is not None:
-                raise ValueError(
-                    f"the sampler has no adapter {adapter_name!r}: sync one with "
-                    "CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=False)"
-                )
-            return self.model
-        names = list(self.model.peft_config)
-        if adapter_name is None:
-            adapter_name = "default" if "default" in names else names[0]
-        if adapter_name not in names:
-            raise ValueError(f"the sampler has no adapter {adapter_name!r}; it has {names}")
-        self.model.set_adapter(adapter_name)
-        return self.model
-
     @remote_function(dispatch="slice_dp", collect="flatten")
     def sample(
         self,
@@ -128,49 +123,143 @@ class TorchSampler(Sampler):
         adapter_name: str | None = None,
         num_samples: int | None = None,
     ) -> list[SampleResponse]:
-        params = check_sampling_params(sampling_params, num_samples)
+        request = SampleRequest(inputs, sampling_params, adapter_name, num_samples)
+        outcome = self.sample_many([request])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    @remote_function(dispatch="all", collect="first")
+    def sample_many(
+        self, requests: Sequence[SampleRequest]
+    ) -> list[list[SampleResponse] | Exception]:
+        """Several ``sample`` calls, possibly of different adapters, batched: the rows of calls
+        whose sampling params match (all but the seed and the sample count) are generated
+        together, each row through its own call's adapter (peft's mixed-adapter batches,
+        ``adapter_names=``) and from its own call's seed, so each call gets what it gets
+        alone up to the rounding of larger matmuls. A call refused (an unknown adapter, bad
+        params) gets its exception; the others run."""
+        outcomes: dict[int, list[SampleResponse] | Exception] = {}
+        groups: dict[str, list[tuple[int, _Prepared]]] = {}
+        for index, request in enumerate(requests):
+            try:
+                prepared = self._prepare(request)
+            except Exception as exc:  # noqa: BLE001 - this call's refusal, handed back
+                outcomes[index] = exc
+                continue
+            key = prepared.params.model_dump_json(exclude={"seed", "num_samples"})
+            groups.setdefault(key, []).append((index, prepared))
+        for group in groups.values():
+            results = self._generate_group([prepared for _, prepared in group])
+            outcomes.update(zip((i for i, _ in group), results, strict=True))
+        return [outcomes[i] for i in range(len(requests))]
+
+    def _prepare(self, request: SampleRequest) -> _Prepared:
+        params = check_sampling_params(request.sampling_params, request.num_samples)
         template = self._template()
-        prompts = as_prompt_features(inputs, template)
-        prompt_ids = [prompt_token_ids(p) for p in prompts]
-        model = self._model_for(adapter_name)
-        stop = StopRule.build(params, () if params.ignore_eos else self._stop_token_ids(template))
-        base_seed = (
+        prompts = as_prompt_features(request.inputs, template)
+        seed = (
             params.seed
             if params.seed is not None
             else int(torch.randint(2**62, (1,), generator=self._generator))
         )
-        rows = [(p, s) for p in range(len(prompts)) for s in range(params.num_samples)]
+        stop = StopRule.build(params, () if params.ignore_eos else self._stop_token_ids(template))
+        adapter = self._adapter_for(request.adapter_name)
+        return _Prepared(
+            prompts, [prompt_token_ids(p) for p in prompts], params, stop, seed, adapter
+        )
+
+    def _adapter_for(self, adapter_name: str | None) -> str | None:
+        """The peft adapter a call's rows run through (``BASE_MODEL`` for the base model),
+        or None when the sampler holds no adapters."""
+        if adapter_name == BASE_MODEL:
+            return BASE_MODEL
+        if not isinstance(self.model, PeftModel):
+            if adapter_name is not None:
+                raise ValueError(
+                    f"the sampler has no adapter {adapter_name!r}: sync one with "
+                    "CheckpointEngineManager(model, sampler).sync_weights(merge_and_sync=False)"
+                )
+            return None
+        names = list(self.model.peft_config)
+        if adapter_name is None:
+            return "default" if "default" in names else names[0]
+        if adapter_name not in names:
+            raise ValueError(f"the sampler has no adapter {adapter_name!r}; it has {names}")
+        return adapter_name
+
+    def _generate_group(self, group: list[_Prepared]) -> list[list[SampleResponse]]:
+        """Generate every row of calls that share their sampling params, in chunks of
+        ``max_batch_size`` rows."""
+        params, stop, template = group[0].params, group[0].stop, self._template()
+        rows = [
+            (c, p, s)
+            for c, call in enumerate(group)
+            for p in range(len(call.prompts))
+            for s in range(call.params.num_samples)
+        ]
         chunk = self.max_batch_size or len(rows)
         results = []
-        base_only = adapter_name == BASE_MODEL and isinstance(model, PeftModel)
-        with model.disable_adapter() if base_only else nullcontext():
-            for start in range(0, len(rows), chunk):
-                part = rows[start : start + chunk]
-                generators = [
-                    torch.Generator(self.device).manual_seed(row_seed(base_seed, p, s))
-                    for p, s in part
-                ]
+        for start in range(0, len(rows), chunk):
+            part = rows[start : start + chunk]
+            adapters = [group[c].adapter for c, _, _ in part]
+            generators = [
+                torch.Generator(self.device).manual_seed(row_seed(group[c].seed, p, s))
+                for c, p, s in part
+            ]
+            with self._routing(adapters) as model_kwargs:
                 results += generate(
-                    model,
-                    [prompt_ids[p] for p, _ in part],
+                    self.model,
+                    [group[c].prompt_ids[p] for c, p, _ in part],
                     params,
                     generators,
                     stop,
                     template.tokenizer.decode,
                     template.tokenizer.pad_token_id or 0,
                     self.device,
+                    model_kwargs,
                 )
+        responses, start = [], 0
+        for call in group:
+            stop_at = start + len(call.prompts) * call.params.num_samples
+            responses.append(self._responses(call, results[start:stop_at], template))
+            start = stop_at
+        return responses
+
+    @contextmanager
+    def _routing(self, adapters: list[str | None]) -> Iterator[dict[str, Any]]:
+        """The model set up for rows of ``adapters``: one adapter made active (or disabled,
+        for the base model), or, for several, peft's per-row ``adapter_names``."""
+        if len(set(adapters)) > 1:
+            yield {"adapter_names": adapters}
+            return
+        adapter = adapters[0]
+        if adapter is None:
+            yield {}
+        elif adapter == BASE_MODEL:
+            with (
+                self.model.disable_adapter() if isinstance(self.model, PeftModel) else nullcontext()
+            ):
+                yield {}
+        else:
+            self.model.set_adapter(adapter)
+            yield {}
+
+    def _responses(
+        self, call: _Prepared, results: list, template: Template
+    ) -> list[SampleResponse]:
         responses = []
-        for p, prompt in enumerate(prompts):
-            mine = results[p * params.num_samples : (p + 1) * params.num_samples]
+        n = call.params.num_samples
+        for p, prompt in enumerate(call.prompts):
+            mine = results[p * n : (p + 1) * n]
             sequences = [
                 sampled_sequence(
                     prompt,
-                    prompt_ids[p],
+                    call.prompt_ids[p],
                     r.tokens,
                     r.logprobs,
                     r.stop_reason,
-                    stop.cut_text(template.decode(r.tokens, skip_special_tokens=True)),
+                    call.stop.cut_text(template.decode(r.tokens, skip_special_tokens=True)),
                 )
                 for r in mine
             ]

@@ -93,3 +93,29 @@ def to_sample_response(
         sequences=sequences,
         prompt_logprobs=_prompt_logprobs(output, prompt_ids, params.prompt_logprobs),
     )
+
+
+def generate_calls(
+    engine: Any,
+    calls: Sequence[tuple[Sequence[Sequence[int]], Any, Any]],
+    make_params: Any,
+) -> list[list[Any]]:
+    """Several sample calls as one ``engine.generate``: each call's ``(prompt ids,
+    vllm_sampling_kwargs, LoRARequest or None)`` spread over its prompts, so vLLM batches
+    the prompts of every adapter together (its multi-LoRA scheduling) with each prompt's own
+    params and seed; returns each call's RequestOutputs, in order. ``make_params`` builds a
+    ``vllm.SamplingParams`` from the keyword arguments."""
+    prompts, params, loras = [], [], []
+    for prompt_ids, kwargs, lora in calls:
+        built = make_params(kwargs)
+        prompts += vllm_prompts(prompt_ids)
+        params += [built] * len(prompt_ids)
+        loras += [lora] * len(prompt_ids)
+    outputs = list(engine.generate(prompts, params, lora_request=loras, use_tqdm=False))
+    if len(outputs) != len(prompts):
+        raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+    per_call, start = [], 0
+    for prompt_ids, _, _ in calls:
+        per_call.append(outputs[start : start + len(prompt_ids)])
+        start += len(prompt_ids)
+    return per_call

@@ -19,7 +19,7 @@ import importlib.util
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,13 @@ from twinkle.data_format import SampleResponse, SamplingParams
 from twinkle.hub import resolve_model
 from twinkle.infra import remote_class, remote_function
 from twinkle.mesh import DeviceMesh
-from twinkle.sampler.base import BASE_MODEL, Sampler
+from twinkle.sampler.base import BASE_MODEL, Sampler, SampleRequest
 from twinkle.sampler.prompts import as_prompt_features, check_sampling_params, prompt_token_ids
-from twinkle.sampler.vllm_io import to_sample_response, vllm_prompts, vllm_sampling_kwargs
+from twinkle.sampler.vllm_io import (
+    generate_calls,
+    to_sample_response,
+    vllm_sampling_kwargs,
+)
 from twinkle.sampler.weights import plain_tensors
 from twinkle.template import Template
 
@@ -85,24 +89,45 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
         adapter_name: str | None = None,
         num_samples: int | None = None,
     ) -> list[SampleResponse]:
+        request = SampleRequest(inputs, sampling_params, adapter_name, num_samples)
+        outcome = self.sample_many([request])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    @remote_function(dispatch="all", collect="first")
+    def sample_many(
+        self, requests: Sequence[SampleRequest]
+    ) -> list[list[SampleResponse] | Exception]:
+        """Several ``sample`` calls, of any adapters and params, as one engine call
+        (``vllm_io.generate_calls``): each call's responses, or the exception that refused
+        it alone (an unknown adapter, bad params), in order."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        params = check_sampling_params(sampling_params, num_samples)
         template = self._template()
-        prompts = as_prompt_features(inputs, template)
-        prompt_ids = [prompt_token_ids(p) for p in prompts]
         stops = sorted(self._stop_token_ids(template))
-        vllm_params = VLLMSamplingParams(**vllm_sampling_kwargs(params, stops))
-        outputs = self.engine.generate(
-            vllm_prompts(prompt_ids),
-            vllm_params,
-            lora_request=self._lora_request(adapter_name),
-            use_tqdm=False,
+        outcomes: dict[int, Any] = {}
+        calls = []
+        for index, request in enumerate(requests):
+            try:
+                params = check_sampling_params(request.sampling_params, request.num_samples)
+                prompts = as_prompt_features(request.inputs, template)
+                ids = [prompt_token_ids(p) for p in prompts]
+                lora = self._lora_request(request.adapter_name)
+                calls.append((index, prompts, ids, params, lora))
+            except Exception as exc:  # noqa: BLE001 - this call's refusal, handed back
+                outcomes[index] = exc
+        per_call = generate_calls(
+            self.engine,
+            [(ids, vllm_sampling_kwargs(params, stops), lora) for _, _, ids, params, lora in calls],
+            lambda kwargs: VLLMSamplingParams(**kwargs),
         )
-        return [
-            to_sample_response(output, prompt, ids, params)
-            for output, prompt, ids in zip(outputs, prompts, prompt_ids, strict=True)
-        ]
+        for (index, prompts, ids, params, _), outputs in zip(calls, per_call, strict=True):
+            outcomes[index] = [
+                to_sample_response(output, prompt, prompt_ids, params)
+                for output, prompt, prompt_ids in zip(outputs, prompts, ids, strict=True)
+            ]
+        return [outcomes[i] for i in range(len(requests))]
 
     def _lora_request(self, adapter_name: str | None) -> Any:
         if adapter_name == BASE_MODEL:
