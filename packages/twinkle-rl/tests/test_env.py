@@ -225,3 +225,10 @@ def test_arithmetic_task_splits_are_disjoint_and_the_env_scores_the_product():
     assert env.step(Message(role="assistant", content="12")).reward == 0.0
     with pytest.raises(ValueError, match="split"):
         arithmetic_tasks("validation")
+
+
+def test_tool_env_can_leave_the_schemas_out_of_the_prompt_and_still_run_calls():
+    env = ArithmeticToolEnv(describe_tools=False)
+    assert env.tools is None
+    env.reset(arithmetic_tasks("test")[0])
+    assert env.step(call("calculator", {"expression": "6 * 7"})).observation[0].content == "42"

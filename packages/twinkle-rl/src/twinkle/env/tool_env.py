@@ -25,7 +25,10 @@ RewardFn = Callable[[str, Mapping[str, Any]], float]
 class ToolEnv(Env):
     """An episode over ``task`` rows shaped like a Trajectory (``messages``, optional
     ``user_data``): ``reset`` gives the task's messages (after ``system_prompt`` when given),
-    ``step`` runs the tool calls. ``max_tool_calls`` bounds the calls of one turn."""
+    ``step`` runs the tool calls. ``max_tool_calls`` bounds the calls of one turn.
+    ``describe_tools=False`` leaves the schemas out of the prompt (``tools`` is None) while
+    the calls still run: a model trained to call them needs no schema, and a tiny model
+    trains faster on the shorter prompt."""
 
     def __init__(
         self,
@@ -34,6 +37,7 @@ class ToolEnv(Env):
         *,
         system_prompt: str | None = None,
         max_tool_calls: int = 4,
+        describe_tools: bool = True,
     ) -> None:
         super().__init__()
         if not functions:
@@ -41,7 +45,8 @@ class ToolEnv(Env):
         if max_tool_calls < 1:
             raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
         self.functions = {f.__name__: f for f in functions}
-        self.tools = [tool_from_function(f) for f in functions]
+        schemas = [tool_from_function(f) for f in functions]  # checked even when not shown
+        self.tools = schemas if describe_tools else None
         self.reward_fn = reward_fn
         self.system_prompt = system_prompt
         self.max_tool_calls = max_tool_calls
