@@ -43,6 +43,8 @@ class Located:
 
 @dataclass(frozen=True)
 class LoadedPlugin:
+    """A plugin this process runs: where from, which files (``sha256``), and its classes."""
+
     source: str
     revision: str | None
     sha256: str
