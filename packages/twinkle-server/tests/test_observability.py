@@ -104,18 +104,44 @@ def test_dashboard_data_is_the_callers_own(tenants):
 
 
 def test_tinker_telemetry_is_stored_under_the_callers_key(tenants):
+    from datetime import UTC, datetime
+
+    from tinker.types.generic_event import GenericEvent
+    from tinker.types.session_start_event import SessionStartEvent
+    from tinker.types.telemetry_send_request import TelemetrySendRequest
+
     state, alice, bob = tenants
-    body = {
-        "events": [{"event": "SESSION_START", "event_id": "e1"}, {"event": "GENERIC_EVENT"}],
-        "platform": "linux",
-        "sdk_version": "0.38.0",
-        "session_id": alice.session,
-        "process_uuid": "p",
-    }
+    now = datetime.now(UTC)
+    sent = TelemetrySendRequest(  # what the SDK's telemetry flush posts, serialised as it does
+        events=[
+            SessionStartEvent(
+                event="SESSION_START",
+                event_id="e1",
+                event_session_index=0,
+                severity="INFO",
+                timestamp=now,
+            ),
+            GenericEvent(
+                event="GENERIC_EVENT",
+                event_id="e2",
+                event_name="queue",
+                event_session_index=1,
+                severity="WARNING",
+                timestamp=now,
+                event_data={"depth": 3},
+            ),
+        ],
+        platform="Linux",
+        sdk_version="0.38.0",
+        session_id=alice.session,
+        process_uuid="p",
+    )
+    body = sent.model_dump(mode="json", exclude_none=True)
     assert alice.post("/telemetry", body).json() == {"status": "accepted"}
     kept = state.store.list_telemetry(alice.key_id(), 10)
     assert [t.event["event"] for t in kept[:2]] == ["GENERIC_EVENT", "SESSION_START"]
     assert kept[0].session_id == alice.session and kept[0].sdk_version == "0.38.0"
+    assert kept[0].event["event_data"] == {"depth": 3} and kept[0].platform == "Linux"
     assert state.store.list_telemetry(bob.key_id(), 10) == []
     assert alice.get("/dashboard").json()["telemetry"][0]["event"]["event"] == "GENERIC_EVENT"
     assert alice.post("/telemetry", {"events": "x"}).status_code == 400
