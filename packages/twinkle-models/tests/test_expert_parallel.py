@@ -1,8 +1,9 @@
 """Expert parallel: EP(2) and EP(2) × ep_fsdp(2) under torchrun (gloo, CPU) against one process.
 
-Two torchrun launches run scripts/ep_equivalence.py: 2 ranks (the functions on Qwen3-MoE and
-Qwen3.5-MoE with DDP-style reduction; TransformersModel under FSDP2, under DDP, and with
-Ulysses SP(2) on the same ranks) and 4 ranks (TransformersModel, EP(2) × ep_fsdp(2)).
+Two torchrun launches run scripts/ep_equivalence.py: 2 ranks (the functions on Qwen3-MoE,
+Qwen3.5-MoE and the bundled DeepSeek-V3 with DDP-style reduction; TransformersModel under
+FSDP2, under DDP, and with Ulysses SP(2) on the same ranks) and 4 ranks (TransformersModel,
+EP(2) × ep_fsdp(2)).
 Tolerances (float32): losses to 1e-6 relative; first-step gradients to 1e-6 absolute and
 parameters after 3 SGD steps to 1e-5 (measured: <= 1.4e-7, <= 2.5e-7); through
 TransformersModel, clipped gradient norms to 1e-6 relative and parameters after 3 AdamW
@@ -48,14 +49,17 @@ def four_ranks(tmp_path_factory, torchrun) -> list[dict]:
     return launch(torchrun, tmp_path_factory, 4)
 
 
-@pytest.mark.parametrize("case", ["qwen3_moe", "qwen3_5_moe"])
-def test_ep_functions_match_one_process(two_ranks, case):
+@pytest.mark.parametrize(
+    ("case", "moe_layers"), [("qwen3_moe", 2), ("qwen3_5_moe", 2), ("deepseek_v3", 1)]
+)
+def test_ep_functions_match_one_process(two_ranks, case, moe_layers):
     for rank in two_ranks:
         got = rank[case]
         assert got["losses_ep"] == pytest.approx(got["losses_ref"], rel=1e-6)
         assert got["max_grad_diff"] < 1e-6
         assert got["max_param_diff"] < 1e-5
-        assert got["local_experts"] == [2, 2, 2, 2]  # 2 layers × 2 weights, 2 of 4 experts
+        # 2 weights per MoE layer, each holding 2 of the 4 experts.
+        assert got["local_experts"] == [2] * 2 * moe_layers
     assert len(set(two_ranks[0][case]["losses_ref"])) == 3
 
 
@@ -164,4 +168,25 @@ def test_an_adapter_on_the_experts_is_an_error():
 
     model = get_peft_model(moe_model(), LoraConfig(r=2, target_modules="all-linear"))
     with pytest.raises(NotImplementedError, match="a peft adapter wraps the experts"):
+        apply_expert_parallel(model, MESH)
+
+
+def test_an_unknown_family_names_the_known_ones_and_what_a_family_declares():
+    model = moe_model()
+    model.config.model_type = "brand_new_moe"
+    with pytest.raises(ValueError, match="does not know the model family 'brand_new_moe'") as info:
+        apply_expert_parallel(model, MESH)
+    message = str(info.value)
+    assert "deepseek_v3, glm4_moe, qwen3_5, qwen3_moe" in message
+    assert "ModelFamily(name, model_types, moe=MoeLayout(" in message
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek-v3", "tiny-glm4.5"])
+def test_a_bias_routed_family_refuses_a_lower_router_precision(name):
+    config = AutoConfig.from_pretrained(resolve_model(f"bundled://{name}"))
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="router computes in float32 itself"):
+        apply_expert_parallel(model, MESH, ExpertParallelConfig(router_dtype="bf16"))
+    # fp32 gets past the family checks to the launch check.
+    with pytest.raises(RuntimeError, match="expert parallel needs torch.distributed"):
         apply_expert_parallel(model, MESH)

@@ -10,7 +10,8 @@ ones reduced by ``sync_expert_gradients``, and all scaled by ranks / global toke
 TransformersModel does). Both take the same SGD steps; each case records losses, the
 largest gradient difference of the first step and the largest parameter difference at the
 end (this rank's experts against the reference's same experts). Cases: Qwen3-MoE and
-Qwen3.5-MoE (shared expert).
+Qwen3.5-MoE (shared expert), and the bundled DeepSeek-V3 (MLA attention, a dense first
+layer, sigmoid routing with a bias over 2 expert groups, a shared-experts MLP).
 
 TransformersModel: its own loop (AdamW, clipping) with the mesh, against a
 TransformersModel without a mesh on the global batch: FSDP2 for the dense model with the
@@ -42,6 +43,7 @@ from peft import LoraConfig
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from twinkle.hub import resolve_model
 from twinkle.loss import logps_from_logits
 from twinkle.mesh import DeviceMesh
 from twinkle.model import TransformersModel
@@ -63,6 +65,8 @@ SMALL.update(moe_intermediate_size=32)
 
 
 def tiny_config(kind: str):
+    if kind == "deepseek_v3":
+        return AutoConfig.from_pretrained(resolve_model("bundled://tiny-deepseek-v3"))
     if kind == "qwen3_moe":
         return AutoConfig.for_model("qwen3_moe", **SMALL, num_experts=4, intermediate_size=128)
     return AutoConfig.for_model(
@@ -85,6 +89,9 @@ def build(config) -> torch.nn.Module:
     for name, param in model.named_parameters():
         if "gate.weight" in name:  # routers start at zero: spread them so experts differ
             torch.nn.init.normal_(param, std=0.5)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):  # the load-balancing bias shifts choices
+            buffer.copy_(torch.linspace(-0.2, 0.2, buffer.numel()))
     return model
 
 
@@ -314,6 +321,7 @@ def main(out: Path) -> None:
         result = {
             "qwen3_moe": run_case("qwen3_moe", mesh),
             "qwen3_5_moe": run_case("qwen3_5_moe", mesh),
+            "deepseek_v3": run_case("deepseek_v3", mesh),
             "model_ep": model_case(fsdp_mesh),
             "model_ep_ddp": model_case(mesh),
             "model_ep_sp": model_case(

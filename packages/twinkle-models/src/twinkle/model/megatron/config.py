@@ -1,8 +1,9 @@
 """A Hugging Face config, read as a Megatron GPTModel: the TransformerConfig and model arguments.
 
-Supported families: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts,
-no auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2
-and Llama (optional q/k/v bias), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
+Supported families: those whose family file (``twinkle.model.families``) declares
+MegatronRules: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts, no
+auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2 and
+Llama (optional q/k/v bias), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
 would silently change the maths (rope scaling, sliding windows, biases on other
 linears) is refused by name.
 
@@ -17,7 +18,8 @@ from typing import Any
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "llama")
+from twinkle.model.families import family_of, known_families
+
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -70,10 +72,12 @@ def _rope_theta(hf_config: Any) -> float:
 def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
     """Read the HF config; refuse what the converted model would compute differently."""
     model_type = hf_config.model_type
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    family = family_of(hf_config)
+    rules = None if family is None else family.megatron
+    if rules is None:
         raise ValueError(
-            f"MegatronModel converts {', '.join(SUPPORTED_MODEL_TYPES)} models; "
-            f"{model_type!r} is not one of them (use TransformersModel)"
+            f"MegatronModel converts the {known_families(lambda f: f.megatron is not None)} "
+            f"families; {model_type!r} is not one of them (use TransformersModel)"
         )
     if getattr(hf_config, "use_sliding_window", False):
         raise ValueError("sliding-window attention is not supported by MegatronModel")
@@ -83,22 +87,8 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
         raise ValueError(f"hidden_act {hf_config.hidden_act!r}: MegatronModel supports 'silu'")
     heads = hf_config.num_attention_heads
     vocab = hf_config.vocab_size
-    moe = {}
-    if model_type == "qwen3_moe":
-        if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(
-            hf_config, "mlp_only_layers", None
-        ):
-            raise ValueError(
-                "MegatronModel converts Qwen3-MoE models whose every layer is a mixture of "
-                "experts (decoder_sparse_step=1, no mlp_only_layers)"
-            )
-        moe = dict(
-            num_experts=hf_config.num_experts,
-            moe_ffn_hidden_size=hf_config.moe_intermediate_size,
-            topk=hf_config.num_experts_per_tok,
-            pre_softmax=not hf_config.norm_topk_prob,
-        )
-    qkv_bias = bool(getattr(hf_config, "attention_bias", model_type == "qwen2"))
+    moe = {} if rules.moe is None else rules.moe(hf_config)
+    qkv_bias = bool(getattr(hf_config, "attention_bias", rules.qkv_bias))
     return GPTSpec(
         model_type=model_type,
         num_layers=hf_config.num_hidden_layers,
@@ -109,7 +99,7 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
         ffn_hidden_size=hf_config.intermediate_size,
         vocab_size=vocab,
         padded_vocab_size=-(-vocab // tp) * tp,
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qk_norm=rules.qk_norm,
         qkv_bias=qkv_bias,
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         rope_theta=_rope_theta(hf_config),

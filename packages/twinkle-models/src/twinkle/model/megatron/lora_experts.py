@@ -34,6 +34,8 @@ from functools import partial
 import torch
 from torch import nn
 
+from twinkle.model.families import family_of
+
 # transformers' Qwen3MoeExperts registers gate_up_proj before down_proj.
 EXPERT_TENSORS = ("gate_up_proj", "down_proj")
 ROUTER = "gate.weight"
@@ -46,11 +48,12 @@ SEED_OFFSET = {"gate_up_proj": 7, "down_proj": 8, ROUTER: 9}
 def peft_config_for(config, hf_config):
     """The LoraConfig as peft applies it to this Hugging Face model (a copy).
 
-    For Qwen3-MoE peft rewrites expert and router targets into ``target_parameters`` with
-    fused ranks; doing the same rewrite here lets MegatronModel train, save and reload
-    exactly what peft loads. Other models are returned unchanged.
+    For MoE families (Qwen3-MoE) peft rewrites expert and router targets into
+    ``target_parameters`` with fused ranks; doing the same rewrite here lets MegatronModel
+    train, save and reload exactly what peft loads. Other models are returned unchanged.
     """
-    if getattr(hf_config, "model_type", None) != "qwen3_moe":
+    family = family_of(hf_config)
+    if family is None or family.moe is None:
         return config
     from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
     from transformers import AutoModelForCausalLM

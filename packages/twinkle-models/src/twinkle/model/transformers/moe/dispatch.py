@@ -14,21 +14,6 @@ from torch.nn import functional as F
 from twinkle.model.transformers.moe.all_to_all import all_to_all, exchange_counts
 
 
-def route(
-    gate: nn.Module, hidden: torch.Tensor, dtype: torch.dtype, keep_logits: bool
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """Softmax top-k routing (Qwen3-MoE / Qwen3.5-MoE) with the router matmul in ``dtype``,
-    outside autocast; returns (router logits or None, top-k weights, top-k expert ids)."""
-    hidden = hidden.reshape(-1, gate.weight.shape[-1])
-    with torch.autocast(hidden.device.type, enabled=False):
-        logits = F.linear(hidden.to(dtype), gate.weight.to(dtype))
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, experts = torch.topk(probs, gate.top_k, dim=-1)
-    if getattr(gate, "norm_topk_prob", True):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return (logits if keep_logits else None), weights.to(hidden.dtype), experts
-
-
 class _ScaleGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale):

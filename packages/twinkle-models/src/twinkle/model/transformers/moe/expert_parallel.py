@@ -1,9 +1,12 @@
 """Expert parallel for Hugging Face MoE models whose experts are fused 3-D parameters.
 
-``apply_expert_parallel`` finds every MoE block (a ``gate`` router and ``experts`` with
-``gate_up_proj (E, 2I, H)`` and ``down_proj (E, H, I)``), keeps this EP rank's ``E/ep``
-experts (``shard_experts``) and replaces the block's forward with the all-to-all one
-(``patch_forward``; see ``dispatch``). Qwen3-MoE and Qwen3.5-MoE have this layout.
+``apply_expert_parallel`` finds every MoE block as the model's family declares it
+(``twinkle.model.families``: a router and fused ``experts`` with ``gate_up_proj (E, 2I, H)``
+and ``down_proj (E, H, I)``, maybe shared experts), keeps this EP rank's ``E/ep`` experts
+(``shard_experts``) and replaces the block's forward with the all-to-all one
+(``patch_forward``; see ``dispatch``), routing as the family's router does: Qwen3-MoE and
+Qwen3.5-MoE (softmax top-k, Qwen3.5's gated shared expert), DeepSeek-V3 and GLM-4.5
+(sigmoid scores with a bias, group-limited top-k, shared experts).
 
 Gradients. Each expert lives on one EP rank and its gradient already sums the tokens of
 the whole EP group (they came to it through the all-to-all). So expert gradients must not
@@ -29,11 +32,20 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from twinkle.mesh import DeviceMesh
-from twinkle.model.transformers.moe.dispatch import dispatch_and_combine, route, run_local_experts
+from twinkle.model.families import (
+    DECLARES,
+    EXPERT_WEIGHTS,
+    ModelFamily,
+    MoeLayout,
+    family_of,
+    known_families,
+    model_type_of,
+    own_forward,
+)
+from twinkle.model.transformers.moe.dispatch import dispatch_and_combine, run_local_experts
 from twinkle.model.transformers.moe.expert_fsdp import shard_experts_fsdp
 
 ROUTER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
 @dataclass
@@ -56,33 +68,35 @@ class ExpertParallelConfig:
             )
 
 
-def _unwrapped(module: nn.Module | None) -> nn.Module | None:
-    """The module under peft's adapter wrappers (``base_layer`` chains)."""
-    while isinstance(getattr(module, "base_layer", None), nn.Module):
-        module = module.base_layer
-    return module
+def moe_family(model: nn.Module, ep_size: int) -> ModelFamily:
+    """The model's family, which must declare an MoE layout; else an error naming the
+    families expert parallel knows and what a family file declares."""
+    config = getattr(model, "config", None)
+    family = None if config is None else family_of(config)
+    if family is not None and family.moe is None:
+        raise ValueError(
+            f"ep_size={ep_size} needs a mixture-of-experts model, but {family.name} is a dense "
+            "family (no MoE block); drop ep_size from the DeviceMesh for a dense model"
+        )
+    if family is None:
+        model_type = model_type_of(config) if config is not None else type(model).__name__
+        raise ValueError(
+            f"expert parallel does not know the model family {model_type!r}; it knows "
+            f"{known_families(lambda f: f.moe is not None)}. To add one, {DECLARES}"
+        )
+    return family
 
 
-def _is_moe_block(module: nn.Module) -> bool:
-    experts = _unwrapped(getattr(module, "experts", None))
-    return (
-        isinstance(getattr(module, "gate", None), nn.Module)
-        and isinstance(experts, nn.Module)
-        and all(getattr(getattr(experts, n, None), "ndim", 0) == 3 for n in EXPERT_WEIGHTS)
-    )
+def find_moe_blocks(model: nn.Module, family: ModelFamily) -> list[nn.Module]:
+    return [m for m in model.modules() if family.is_moe_block(m)]
 
 
-def find_moe_blocks(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if _is_moe_block(m)]
-
-
-def shard_experts(block: nn.Module, ep_rank: int, ep_size: int) -> None:
-    """Keep experts ``[ep_rank * E/ep, (ep_rank + 1) * E/ep)`` of ``block``."""
-    experts = block.experts
+def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int) -> None:
+    """Keep experts ``[ep_rank * E/ep, (ep_rank + 1) * E/ep)`` of a fused experts module."""
     total = experts.gate_up_proj.shape[0]
     if total % ep_size:
         raise ValueError(
-            f"{type(block).__name__} has {total} experts, which ep_size={ep_size} does not "
+            f"{type(experts).__name__} has {total} experts, which ep_size={ep_size} does not "
             f"divide; choose an ep_size that divides the number of experts"
         )
     extra = [n for n, p in experts.named_parameters(recurse=False) if n not in EXPERT_WEIGHTS]
@@ -100,29 +114,37 @@ def shard_experts(block: nn.Module, ep_rank: int, ep_size: int) -> None:
     experts.forward = types.MethodType(run_local_experts, experts)
 
 
-def _shared_output(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
-    shared = getattr(block, "shared_expert", None)
-    shared = getattr(block, "shared_experts", None) if shared is None else shared
-    if shared is None:
+def _shared_output(
+    block: nn.Module, layout: MoeLayout, hidden: torch.Tensor
+) -> torch.Tensor | None:
+    if layout.shared is None:
         return None
-    out = shared(hidden)
-    gate = getattr(block, "shared_expert_gate", None)
-    return out if gate is None else torch.sigmoid(gate(hidden)) * out
+    out = getattr(block, layout.shared)(hidden)
+    if layout.shared_gate is None:
+        return out
+    return torch.sigmoid(getattr(block, layout.shared_gate)(hidden)) * out
 
 
-def patch_forward(block: nn.Module, group: dist.ProcessGroup, config: ExpertParallelConfig):
-    """Route in ``config.router_dtype`` (the router module still runs, so transformers'
-    hooks record its logits), then dispatch to the experts over ``group``."""
-    gate, dtype = block.gate, ROUTER_DTYPES[config.router_dtype]
+def patch_forward(
+    block: nn.Module, layout: MoeLayout, group: dist.ProcessGroup, config: ExpertParallelConfig
+):
+    """Route as the family's router does, in ``config.router_dtype`` (the router module
+    still runs, so transformers' hooks record its logits), then dispatch to the experts
+    over ``group``."""
+    gate, dtype, route = (
+        getattr(block, layout.router),
+        ROUTER_DTYPES[config.router_dtype],
+        layout.route,
+    )
     gate.forward = types.MethodType(
         lambda self, hidden: route(self, hidden, dtype, config.keep_router_logits), gate
     )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         flat = hidden_states.reshape(-1, hidden_states.shape[-1])
-        _, weights, expert_ids = self.gate(flat)
-        out = dispatch_and_combine(self.experts, flat, weights, expert_ids, group)
-        shared = None if config.ignore_shared_experts else _shared_output(self, flat)
+        _, weights, expert_ids = getattr(self, layout.router)(flat)
+        out = dispatch_and_combine(getattr(self, layout.experts), flat, weights, expert_ids, group)
+        shared = None if config.ignore_shared_experts else _shared_output(self, layout, flat)
         out = out if shared is None else out + shared
         return out.reshape(hidden_states.shape)
 
@@ -208,26 +230,34 @@ def apply_expert_parallel(
         )
     if not config.enabled or size == 1:
         return
-    blocks = find_moe_blocks(model)
+    family = moe_family(model, size)
+    layout = family.moe
+    blocks = find_moe_blocks(model, family)
     if not blocks:
         raise ValueError(
             f"ep_size={size} needs a mixture-of-experts model, but {type(model).__name__} has "
-            f"no MoE block (a 'gate' router with fused 3-D 'experts'); drop ep_size from the "
-            f"DeviceMesh for a dense model"
+            f"no {family.name} MoE block (a {layout.router!r} router with fused 3-D "
+            f"{layout.experts!r}); drop ep_size from the DeviceMesh for a dense model"
+        )
+    if layout.route is own_forward and config.router_dtype != "fp32":
+        raise ValueError(
+            f"the {family.name} router computes in float32 itself; router_dtype="
+            f"{config.router_dtype!r} cannot apply: leave router_dtype='fp32'"
         )
     for block in blocks:  # check every block before changing any
-        if hasattr(block.experts, "base_layer") or hasattr(block.gate, "base_layer"):
+        gate, experts = getattr(block, layout.router), getattr(block, layout.experts)
+        if hasattr(experts, "base_layer") or hasattr(gate, "base_layer"):
             raise NotImplementedError(
                 "a peft adapter wraps the experts or the router, which expert parallel shards "
                 "and re-routes; target the other layers, e.g. LoraConfig(target_modules=["
                 "'q_proj', 'k_proj', 'v_proj', 'o_proj'])"
             )
-        if not hasattr(block.gate, "top_k") or not hasattr(block.gate, "weight"):
+        if not hasattr(gate, "top_k") or not hasattr(gate, "weight"):
             raise NotImplementedError(
-                f"{type(block.gate).__name__} is not a softmax top-k router with a weight "
-                f"(Qwen3-MoE style); expert parallel does not know how to route with it"
+                f"{type(gate).__name__} is not a top-k router with a weight; the {family.name} "
+                "family file must declare a router expert parallel can run"
             )
-        total = block.experts.gate_up_proj.shape[0]
+        total = experts.gate_up_proj.shape[0]
         if total % size:
             raise ValueError(
                 f"num_experts={total} is not divisible by ep_size={size}; choose an ep_size "
@@ -245,13 +275,14 @@ def apply_expert_parallel(
         )
     group, rank = _my_group(device_mesh.group_ranks("ep")), device_mesh.ep_rank
     replicas = _my_group(expert_data_parallel_groups(device_mesh))
-    for block in blocks:
-        shard_experts(block, rank, size)
-        block.experts.expert_data_parallel_group = replicas
-        block.experts.dense_gradient_ranks = device_mesh.size("dp") * device_mesh.size("fsdp")
-        patch_forward(block, group, config)
+    experts = [getattr(block, layout.experts) for block in blocks]
+    for block, module in zip(blocks, experts, strict=True):
+        shard_experts(module, rank, size)
+        module.expert_data_parallel_group = replicas
+        module.dense_gradient_ranks = device_mesh.size("dp") * device_mesh.size("fsdp")
+        patch_forward(block, layout, group, config)
     if device_mesh.size("fsdp") > 1:  # the dense model will be FSDP-sharded: experts first
-        shard_experts_fsdp([block.experts for block in blocks], device_mesh)
+        shard_experts_fsdp(experts, device_mesh)
     for param in expert_parameters(model):
         # A global gradient norm adds the squares of the other EP ranks' experts.
         param.expert_parallel_group = group

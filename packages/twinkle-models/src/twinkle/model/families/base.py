@@ -1,0 +1,79 @@
+"""What a model family declares, read by the generic code: where its MoE blocks keep
+their router, experts and shared experts and how the router picks experts (expert
+parallel), and how Megatron converts it. One family, one file in this package; adding a
+family means adding a file and its tests, not editing branches elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+Router = Callable[
+    [nn.Module, torch.Tensor, torch.dtype, bool], tuple[Any, torch.Tensor, torch.Tensor]
+]
+"""``(router module, hidden (N, H), router dtype, keep logits) -> (router logits or None,
+top-k weights (N, k), top-k expert ids (N, k))``."""
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """A family's MoE block: the attribute holding the router (``router``), the fused
+    experts (``experts``: 3-D ``gate_up_proj (E, 2I, H)`` and ``down_proj (E, H, I)``),
+    the shared experts added to every token's output (``shared``, or None) and the
+    sigmoid gate scaling them (``shared_gate``, or None); ``route`` is how the router
+    picks the experts (``twinkle.model.families.routing``)."""
+
+    route: Router
+    router: str = "gate"
+    experts: str = "experts"
+    shared: str | None = None
+    shared_gate: str | None = None
+
+
+@dataclass(frozen=True)
+class MegatronRules:
+    """How MegatronModel converts a family: ``qk_norm`` (RMSNorm on queries and keys),
+    ``qkv_bias`` (the default when the config has no ``attention_bias``) and ``moe``
+    (reads the MoE settings from the config as megatron-core names them, or None for a
+    dense family)."""
+
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    moe: Callable[[Any], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family: its name, the ``model_type`` values of its configs, its MoE layout
+    (None when dense) and its Megatron rules (None when MegatronModel does not convert
+    it)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    moe: MoeLayout | None = None
+    megatron: MegatronRules | None = None
+
+    def is_moe_block(self, module: nn.Module) -> bool:
+        """Whether ``module`` is one of this family's MoE blocks."""
+        if self.moe is None:
+            return False
+        experts = unwrapped(getattr(module, self.moe.experts, None))
+        return (
+            isinstance(getattr(module, self.moe.router, None), nn.Module)
+            and isinstance(experts, nn.Module)
+            and all(getattr(getattr(experts, n, None), "ndim", 0) == 3 for n in EXPERT_WEIGHTS)
+        )
+
+
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def unwrapped(module: nn.Module | None) -> nn.Module | None:
+    """The module under peft's adapter wrappers (``base_layer`` chains)."""
+    while isinstance(getattr(module, "base_layer", None), nn.Module):
+        module = module.base_layer
+    return module
