@@ -1,9 +1,11 @@
-"""The test tiers of the whole workspace: tests that start processes are marked ``processes``.
+"""The test tiers of the whole workspace: what CI runs and what the developer's loop skips.
 
-``pytest -m "not processes"`` (``nox -s fast``) is the developer's loop; CI runs everything.
-A test is in the slow tier when it uses a fixture that starts processes (torchrun, a Ray
-cluster, a server subprocess), when its own code starts them, or when its module's helpers
-do. Marking is automatic so a new test cannot land in the fast tier by forgetting a decorator.
+``pytest -m "not processes and not slow"`` (``nox -s fast``) is the developer's loop; CI runs
+everything. A test is marked ``processes`` when it uses a fixture that starts processes
+(torchrun, a Ray cluster, a server subprocess), when its own code starts them, or when its
+module's helpers do: automatically, so a new test cannot land in the fast tier by forgetting
+a decorator. ``slow`` marks the few in-process tests that train until a quality bar is met
+(a reward rises, embeddings separate): they are listed here, by their measured time.
 """
 
 from __future__ import annotations
@@ -25,10 +27,35 @@ STARTS_PROCESSES = re.compile(
 )
 
 
+# In-process tests of more than ~5 s on a quiet core (seconds measured under load 10 in the
+# fast tier of 2026-12-02): "path::name" or a prefix of "path::name[params]".
+SLOW_TESTS = (
+    "packages/twinkle-rl/tests/test_cookbook_rl.py::test_grpo_raises_the_held_out_reward",  # 330
+    "packages/twinkle-models/tests/test_embedding_minilm.py::test_training_pulls_held_out_pairs",
+    "packages/twinkle-models/tests/test_padding_free.py::test_packed_training_equals_padded_"
+    "training[qwen3_5_text",  # 77 and 56, its other families stay fast
+    "packages/twinkle-models/tests/test_embedding_model.py::test_lora_embedding_training_lowers",
+    "packages/twinkle-models/tests/test_documents_evaluation.py::test_the_pages_eval_loop",  # 28
+    "packages/twinkle-rl/tests/test_cookbook_rl.py::test_dpo_grows_the_reward_margin",  # 27
+    "packages/twinkle-models/tests/test_embedding_model.py::test_an_encoder_trains_as_an",  # 24
+    "packages/twinkle-kernels/tests/test_gated_delta_net_patch.py::test_packed_logits_and_"
+    "gradients_equal_each_sequence_alone",  # 22 and 18
+)
+ROOT = Path(__file__).parent
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "processes: starts processes (torchrun, Ray, a server, a script); slow tier"
     )
+    config.addinivalue_line(
+        "markers", "slow: trains in process until a quality bar is met; slow tier"
+    )
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    where = f"{Path(item.path).resolve().relative_to(ROOT).as_posix()}::{item.name}"
+    return where.startswith(SLOW_TESTS)
 
 
 @cache
@@ -57,3 +84,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _starts_processes(item):
             item.add_marker(pytest.mark.processes)
+        if _is_slow(item):
+            item.add_marker(pytest.mark.slow)

@@ -77,11 +77,14 @@ for _short in PACKAGES:
 
 @nox.session(default=False)
 def fast(session: nox.Session) -> None:
-    """The developer's loop: every package's tests that start no process, in one venv."""
+    """The developer's loop: every package's tests that start no process and train no
+    quality bar (the root conftest's tiers), in one venv."""
     extras = sorted({f"--extra={e}" for names in TEST_EXTRAS.values() for e in names})
     uv_sync(session, "--all-packages", "--group=test", *extras)
     tests = [str(ROOT / "packages" / f"twinkle-{short}" / "tests") for short in PACKAGES]
-    session.run("python", "-m", "pytest", *tests, "-m", "not processes", *session.posargs)
+    session.run(
+        "python", "-m", "pytest", *tests, "-m", "not processes and not slow", *session.posargs
+    )
 
 
 @nox.session(name="tinker-legacy")
