@@ -59,6 +59,10 @@ class CheckpointRecord:
     size_bytes: int
     created_at: float
     has_optimizer: bool = False
+    public: bool = False
+    """Readable (never writable) by every key that names it by path."""
+    expires_at: float | None = None
+    """When the server deletes it (seconds since the epoch); None: never."""
 
 
 @dataclass
@@ -170,6 +174,23 @@ class Store(ABC):
 
     @abstractmethod
     def all_checkpoints(self) -> list[CheckpointRecord]: ...
+
+    @abstractmethod
+    def public_checkpoint(self, run_id: str, kind: str, name: str) -> CheckpointRecord | None:
+        """A published checkpoint, whoever owns it (the one read that ignores owners)."""
+
+    @abstractmethod
+    def set_checkpoint_public(
+        self, owner: str, run_id: str, kind: str, name: str, public: bool
+    ) -> bool: ...
+
+    @abstractmethod
+    def set_checkpoint_expiry(
+        self, owner: str, run_id: str, kind: str, name: str, expires_at: float | None
+    ) -> bool: ...
+
+    @abstractmethod
+    def expired_checkpoints(self, now: float) -> list[CheckpointRecord]: ...
 
     # ---- futures
     @abstractmethod

@@ -75,6 +75,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX telemetry_by_owner ON telemetry (owner, received_at)",
         ),
     ),
+    Migration(
+        3,
+        "checkpoints that other keys may read (published) and that expire (TTL)",
+        (
+            "ALTER TABLE checkpoints ADD COLUMN public INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE checkpoints ADD COLUMN expires_at REAL",
+            "CREATE INDEX checkpoints_by_expiry ON checkpoints (expires_at)",
+        ),
+    ),
 )
 
 

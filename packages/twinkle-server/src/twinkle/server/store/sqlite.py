@@ -33,7 +33,7 @@ from twinkle.server.store.base import (
 from twinkle.server.store.migrations import MIGRATIONS, migrate, refuse_newer
 
 _JSON_FIELDS = {"metadata", "lora_config", "user_metadata", "result", "error", "event"}
-_BOOL_FIELDS = {"active", "has_optimizer"}
+_BOOL_FIELDS = {"active", "has_optimizer", "public"}
 
 
 def _encode(record: Any) -> tuple:
@@ -222,6 +222,32 @@ class SQLiteStore(Store):
 
     def all_checkpoints(self) -> list[CheckpointRecord]:
         return self._all(CheckpointRecord, "SELECT * FROM checkpoints")
+
+    def public_checkpoint(self, run_id: str, kind: str, name: str) -> CheckpointRecord | None:
+        sql = "SELECT * FROM checkpoints WHERE run_id = ? AND kind = ? AND name = ? AND public = 1"
+        return self._one(CheckpointRecord, sql, run_id, kind, name)
+
+    def set_checkpoint_public(
+        self, owner: str, run_id: str, kind: str, name: str, public: bool
+    ) -> bool:
+        sql = (
+            "UPDATE checkpoints SET public = ? "
+            "WHERE owner = ? AND run_id = ? AND kind = ? AND name = ?"
+        )
+        return self._run(sql, int(public), owner, run_id, kind, name) > 0
+
+    def set_checkpoint_expiry(
+        self, owner: str, run_id: str, kind: str, name: str, expires_at: float | None
+    ) -> bool:
+        sql = (
+            "UPDATE checkpoints SET expires_at = ? "
+            "WHERE owner = ? AND run_id = ? AND kind = ? AND name = ?"
+        )
+        return self._run(sql, expires_at, owner, run_id, kind, name) > 0
+
+    def expired_checkpoints(self, now: float) -> list[CheckpointRecord]:
+        sql = "SELECT * FROM checkpoints WHERE expires_at IS NOT NULL AND expires_at <= ?"
+        return self._all(CheckpointRecord, sql, now)
 
     # ---- futures
     def add_future(self, future: FutureRecord) -> None:
