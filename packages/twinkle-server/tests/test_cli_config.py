@@ -87,3 +87,26 @@ def test_help_describes_every_flag_and_version_prints_the_distribution_version(c
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.strip() == f"twinkle-server {version('twinkle-server')}"
+
+
+def test_usage_prints_each_keys_daily_totals(tmp_path, capsys):
+    from twinkle.server.store import SQLiteStore
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"storage: {{home: '{tmp_path}'}}\n")
+    assert main(["keys", "create", "--name", "alice", "-c", str(config)]) == 0
+    assert main(["keys", "create", "--name", "bob", "-c", str(config)]) == 0
+    store = SQLiteStore(tmp_path / "state.db")
+    alice, bob = (k.id for k in store.list_keys())
+    store.add_usage(alice, {"train_tokens": 12, "requests": 2}, 1_700_000_000.0)
+    store.add_usage(bob, {"sampled_tokens": 5}, 1_700_000_000.0)
+    store.close()
+    capsys.readouterr()
+    assert main(["usage", "--key", "alice", "-c", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"2023-11-14\t{alice}\talice\trequests\t2",
+        f"2023-11-14\t{alice}\talice\ttrain_tokens\t12",
+    ]
+    assert main(["usage", "-c", str(config)]) == 0
+    assert "sampled_tokens\t5" in capsys.readouterr().out

@@ -81,6 +81,18 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_usage(args: argparse.Namespace) -> int:
+    """Each key's recorded usage per UTC day (``Store.usage``), one line per metric."""
+    store = _store(args)
+    names = {key.id: key.name for key in store.list_keys()}
+    for row in store.usage():
+        if args.key in (None, row.owner, names.get(row.owner)):
+            print(
+                f"{row.day}\t{row.owner}\t{names.get(row.owner, '?')}\t{row.metric}\t{row.amount:g}"
+            )
+    return 0
+
+
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     if not _store(args).revoke_key(args.key, time.time()):
         print(f"no active key with id or name {args.key!r}", file=sys.stderr)
@@ -123,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
     command(keys, "list", cmd_keys_list, "list keys: id, name, status, creation time")
     revoke = command(keys, "revoke", cmd_keys_revoke, "revoke a key")
     revoke.add_argument("key", help="key id or name")
+    usage = command(sub, "usage", cmd_usage, "usage per key and day: requests, tokens")
+    usage.add_argument("--key", default=None, help="only this key (id or name)")
     return top
 
 

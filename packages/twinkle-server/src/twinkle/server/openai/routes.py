@@ -61,8 +61,10 @@ async def _complete(request: Request, chat: bool) -> Any:
     body = await json_body(request)
     asked = params.read(body, state.config, chat, state.sampler.vocab_size())
     model = served_models.resolve(state, principal, asked.model)
-    template = template_for(state.config.model.model_id)
-    prompts = _chat_prompt(body, template) if chat else _text_prompts(body, state, template)
+    template = await asyncio.to_thread(template_for, state.config.model.model_id)
+    # Rendering and tokenizing long prompts is CPU work: off the event loop.
+    build = _chat_prompt if chat else lambda b, t: _text_prompts(b, state, t)
+    prompts = await asyncio.to_thread(build, body, template)
     for index, prompt in enumerate(prompts):
         check_tokens(len(prompt.input_ids), state.config.limits, f"prompt {index}")
     work = [state.sampler.sample_tokens(p.input_ids, asked.params, model.folder) for p in prompts]
