@@ -203,3 +203,12 @@ def test_no_key_is_a_401_in_openais_error_shape(served):
     assert answer.status_code == 401
     assert answer.json()["error"]["type"] == "authentication_error"
     assert answer.json()["request_id"] == answer.headers["x-request-id"]
+
+
+def test_unseeded_prompts_each_draw_their_own_seed(served):
+    _, alice, _, _, _ = served
+    body = {"model": BASE, "prompt": ["same words", "same words"], "max_tokens": 6}
+    choices = _v1(alice, "/completions", body).json()["choices"]
+    assert len(choices) == 2 and choices[0]["text"] != choices[1]["text"]
+    seeded = _v1(alice, "/completions", {**body, "seed": 9}).json()["choices"]
+    assert seeded[0]["text"] == seeded[1]["text"]

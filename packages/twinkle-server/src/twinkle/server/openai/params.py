@@ -53,7 +53,7 @@ def read(body: dict[str, Any], config: ServerConfig, chat: bool, vocab: int | No
     if not isinstance(body.get("model"), str):
         raise BadRequest("the request needs 'model' (a string): GET /v1/models lists them")
     _refuse_unimplemented(body)
-    n = check_num_samples(body.get("n", 1) if body.get("n") is not None else 1, config.limits, "n")
+    n = check_num_samples(1 if body.get("n") is None else body["n"], config.limits, "n")
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise BadRequest("best_of is not supported (only best_of == n, or leave it out)")

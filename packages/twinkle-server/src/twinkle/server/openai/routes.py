@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from twinkle.data_format import InputFeature, SampleResponse
+from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
+from twinkle.server.auth import Principal
 from twinkle.server.errors import BadRequest, Unavailable
 from twinkle.server.limits import check_tokens
 from twinkle.server.openai import answers, params, served_models
@@ -67,7 +68,12 @@ async def _complete(request: Request, chat: bool) -> Any:
     prompts = await asyncio.to_thread(build, body, template)
     for index, prompt in enumerate(prompts):
         check_tokens(len(prompt.input_ids), state.config.limits, f"prompt {index}")
-    work = [state.sampler.sample_tokens(p.input_ids, asked.params, model.folder) for p in prompts]
+    work = [
+        state.sampler.sample_tokens(
+            p.input_ids, _seeded(asked.params, state, principal), model.folder
+        )
+        for p in prompts
+    ]
     future = state.sampler.worker.submit(
         principal.key_id,
         lambda: [job() for job in work],
@@ -93,6 +99,14 @@ async def _complete(request: Request, chat: bool) -> Any:
         answer, responses, prompt_tokens, tokenizer, asked.top_logprobs, asked.include_usage
     )
     return StreamingResponse(events, media_type="text/event-stream")
+
+
+def _seeded(params: SamplingParams, state: ServerState, principal: Principal) -> SamplingParams:
+    """Unseeded prompts draw from the key's own stream of seeds, one each (as on the other
+    sampler routes): a tenant's samples do not depend on how often others sampled."""
+    if params.seed is not None:
+        return params
+    return params.model_copy(update={"seed": state.sampler.next_seed(principal.key_id)})
 
 
 def _sampling(state: ServerState) -> ServerState:
