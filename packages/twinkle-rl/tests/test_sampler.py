@@ -245,3 +245,27 @@ def test_stop_ids_shared_by_the_samplers_are_eos_and_end_of_turn(sampler):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in shared
     assert tokenizer.unk_token_id not in shared
     assert shared <= sampler._stop_token_ids(template)
+
+
+def test_on_token_hears_each_rows_tokens_in_order_across_chunks_and_calls():
+    from twinkle.sampler.base import SampleRequest
+
+    chunked = TorchSampler(MODEL_ID, device="cpu", max_batch_size=3)
+    heard: dict[tuple[str, int], list] = {}
+
+    def listener(name):
+        return lambda row, token, pairs: heard.setdefault((name, row), []).append((token, pairs))
+
+    params = SamplingParams(max_tokens=5, seed=4, logprobs=1)
+    requests = [
+        SampleRequest(PROMPTS, params, num_samples=2, on_token=listener("a")),
+        SampleRequest(PROMPTS[:1], params, num_samples=1),  # no listener: shares the chunks
+        SampleRequest(PROMPTS[1:], params, num_samples=2, on_token=listener("b")),
+    ]
+    outcomes = chunked.sample_many(requests)
+    assert sorted(heard) == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0), ("b", 1)]
+    for name, responses in (("a", outcomes[0]), ("b", outcomes[2])):
+        for row, seq in enumerate(seq for r in responses for seq in r.sequences):
+            assert [t for t, _ in heard[(name, row)]] == seq.tokens
+            assert [p for _, p in heard[(name, row)]] == seq.logprobs
+    assert TorchSampler.streams_tokens

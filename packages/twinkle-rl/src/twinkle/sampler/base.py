@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,10 @@ class SampleRequest:
     sampling_params: SamplingParams | Mapping[str, Any] | None = None
     adapter_name: str | None = None
     num_samples: int | None = None
+    on_token: Callable[[int, int, Any], None] | None = None
+    """Hears each token as it is drawn, as ``(row, token id, its logprob pairs)``, rows
+    numbered prompt by prompt, ``num_samples`` each; only samplers whose ``streams_tokens``
+    is True call it, and only in the caller's process."""
 
 
 class Sampler(ABC):
@@ -53,6 +57,8 @@ class Sampler(ABC):
 
     model_id: str | None
     template: Template | None
+    streams_tokens: bool = False
+    """Whether ``sample_many`` calls a request's ``on_token`` (TorchSampler does)."""
 
     @abstractmethod
     def sample(

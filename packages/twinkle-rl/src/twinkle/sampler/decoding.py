@@ -20,6 +20,9 @@ import torch
 from twinkle.data_format import SamplingParams, TopLogprobs
 from twinkle.sampler.stopping import StopRule
 
+TokenCallback = Callable[[int, int, TopLogprobs], None]
+"""Called as ``(row, token id, its logprob pairs)`` for each token a row draws, in order."""
+
 
 @dataclass
 class RowResult:
@@ -96,9 +99,11 @@ def generate(
     pad_token_id: int,
     device: torch.device,
     model_kwargs: dict | None = None,
+    on_token: TokenCallback | None = None,
 ) -> list[RowResult]:
     """Sample one completion per prompt (``generators[i]`` drives row i); ``model_kwargs``
-    go to every forward (peft's per-row ``adapter_names``)."""
+    go to every forward (peft's per-row ``adapter_names``); ``on_token`` hears each row's
+    tokens as they are drawn (a server streams them)."""
     model_kwargs = model_kwargs or {}
     lengths = [len(p) for p in prompts]
     width = max(lengths)
@@ -136,6 +141,8 @@ def generate(
             result = results[row]
             result.tokens.append(token)
             result.logprobs.append(entries[row])
+            if on_token is not None:
+                on_token(row, token, entries[row])
             if stop.stops_at_token(token) or stop.stops_in_text(result.tokens, decode):
                 result.stop_reason, active[row] = "stop", False
         if not any(active) or step == params.max_tokens - 1:

@@ -57,6 +57,22 @@ class _Prepared:
     stop: StopRule
     seed: int
     adapter: str | None  # the peft adapter, BASE_MODEL, or None (no adapters loaded)
+    on_token: Any = None  # the request's SampleRequest.on_token
+
+
+def _calls_on_token(group: list[_Prepared], part: list[tuple[int, int, int]]):
+    """One chunk's token callback: chunk row i is (call, prompt, sample) ``part[i]``, handed
+    to that call's ``on_token`` as the call's own row ``prompt * num_samples + sample``."""
+    if all(call.on_token is None for call in group):
+        return None
+
+    def heard(row: int, token: int, pairs: Any) -> None:
+        c, p, s = part[row]
+        call = group[c]
+        if call.on_token is not None:
+            call.on_token(p * call.params.num_samples + s, token, pairs)
+
+    return heard
 
 
 def row_seed(base: int, prompt_index: int, sample_index: int) -> int:
@@ -74,6 +90,8 @@ class TorchSampler(Sampler):
     vLLM-only options do not apply here and are logged as ignored. ``seed`` seeds the calls
     whose SamplingParams carry no seed: the run is reproducible, successive calls differ.
     """
+
+    streams_tokens = True
 
     def __init__(
         self,
@@ -165,9 +183,8 @@ class TorchSampler(Sampler):
         )
         stop = StopRule.build(params, () if params.ignore_eos else self._stop_token_ids(template))
         adapter = self._adapter_for(request.adapter_name)
-        return _Prepared(
-            prompts, [prompt_token_ids(p) for p in prompts], params, stop, seed, adapter
-        )
+        ids = [prompt_token_ids(p) for p in prompts]
+        return _Prepared(prompts, ids, params, stop, seed, adapter, request.on_token)
 
     def _adapter_for(self, adapter_name: str | None) -> str | None:
         """The peft adapter a call's rows run through (``BASE_MODEL`` for the base model),
@@ -218,6 +235,7 @@ class TorchSampler(Sampler):
                     template.tokenizer.pad_token_id or 0,
                     self.device,
                     model_kwargs,
+                    _calls_on_token(group, part),
                 )
         responses, start = [], 0
         for call in group:
