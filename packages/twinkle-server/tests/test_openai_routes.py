@@ -6,6 +6,7 @@ test_served_process.py.)"""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -212,3 +213,33 @@ def test_unseeded_prompts_each_draw_their_own_seed(served):
     assert len(choices) == 2 and choices[0]["text"] != choices[1]["text"]
     seeded = _v1(alice, "/completions", {**body, "seed": 9}).json()["choices"]
     assert seeded[0]["text"] == seeded[1]["text"]
+
+
+def _streamed_text(answer) -> tuple[str, str]:
+    events = [line[6:] for line in answer.text.split("\n\n") if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    return text, [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"]
+
+
+def test_a_live_stream_never_sends_a_stop_string_and_adds_up(served):
+    state, alice, _, _, _ = served
+    assert state.sampler.streams_tokens  # TorchSampler in this process: tokens as drawn
+    body = {"model": BASE, "prompt": [5, 17, 42], "max_tokens": 12, "seed": 1, "temperature": 0}
+    free = _v1(alice, "/completions", body).json()["choices"][0]["text"]
+    for stop in (free[3:5], free[6:7]):
+        whole = _v1(alice, "/completions", {**body, "stop": stop}).json()["choices"][0]
+        streamed = _v1(alice, "/completions", {**body, "stop": stop, "stream": True})
+        assert _streamed_text(streamed) == (whole["text"], whole["finish_reason"])
+        assert stop not in whole["text"]
+
+
+def test_a_stream_whose_sample_fails_before_a_token_is_answered_as_the_failure(served):
+    state, alice, _, run, _ = served
+    uri = alice.ok(run, "save", name="doomed", kind="sampler_weights", save_optimizer=False)
+    record = state.model.owned_checkpoint(state.principal(alice.key), uri)
+    (Path(record.path) / "adapter_model.safetensors").unlink()
+    body = {"model": uri, "prompt": "hi", "max_tokens": 4, "stream": True}
+    answer = _v1(alice, "/completions", body)
+    assert answer.status_code == 404, answer.text
+    assert "no longer exists" in answer.json()["error"]["message"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
 from twinkle.model.unit_random import derived_seed
-from twinkle.sampler.base import BASE_MODEL
+from twinkle.sampler.base import BASE_MODEL, SampleRequest
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import BadRequest, NotFound
@@ -126,15 +126,26 @@ class SamplerService:
             self._vocab_size = int(self.sampler.model.get_output_embeddings().weight.shape[0])
         return self._vocab_size
 
+    @property
+    def streams_tokens(self) -> bool:
+        """Whether ``sample_tokens``'s ``on_token`` hears tokens as they are drawn (a sampler
+        in this process that streams; else the work simply returns the whole sample)."""
+        return self.config.mode != "ray" and bool(getattr(self.sampler, "streams_tokens", False))
+
     def sample_tokens(
-        self, prompt_ids: list[int], params: SamplingParams, folder: str | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        folder: str | None,
+        on_token: Callable[[int, int, Any], None] | None = None,
     ) -> Callable[[], SampleResponse]:
         """The work of one token prompt (the caller checked it), sampled from the base model
-        or from the adapter saved in ``folder``; runs on the worker."""
+        or from the adapter saved in ``folder``; runs on the worker. ``on_token(row, token,
+        logprob pairs)`` hears each token as it is drawn where ``streams_tokens``."""
         prompt = InputFeature(input_ids=prompt_ids)
 
         def work() -> SampleResponse:
-            return self._sample(DEFAULT_TEMPLATE, folder, [prompt], params, None)[0]
+            return self._sample(DEFAULT_TEMPLATE, folder, [prompt], params, None, on_token)[0]
 
         return work
 
@@ -145,6 +156,7 @@ class SamplerService:
         batch: list,
         params: SamplingParams,
         num_samples: int | None,
+        on_token: Callable[[int, int, Any], None] | None = None,
     ) -> list[SampleResponse]:
         if template != self._current_template:
             name, kwargs = template
@@ -152,7 +164,13 @@ class SamplerService:
             self._current_template = template
         # The base model explicitly: with adapters loaded, None would pick one of them.
         adapter = self._adapter(folder) if folder is not None else BASE_MODEL
-        return self.sampler.sample(batch, params, adapter_name=adapter, num_samples=num_samples)
+        if on_token is None or not self.streams_tokens:
+            return self.sampler.sample(batch, params, adapter_name=adapter, num_samples=num_samples)
+        request = SampleRequest(batch, params, adapter, num_samples, on_token)
+        outcome = self.sampler.sample_many([request])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def _adapter(self, folder: str) -> str:
         """The sampler's name for a checkpoint's adapter, loading it on first use (and again

@@ -80,33 +80,56 @@ def stream(
     top: int | None,
     include_usage: bool,
 ) -> Iterator[str]:
-    """The server-sent events of the whole answer, ``data: [DONE]`` last."""
+    """The server-sent events of an answer already sampled whole, ``data: [DONE]`` last
+    (for samplers that do not stream their tokens)."""
     for index, sequence in enumerate(choices_of(responses)):
         pieces = token_pieces(sequence, tokenizer)
         for position, piece in enumerate(pieces):
-            delta: dict[str, Any] = {"content": piece} if answer.chat else {}
-            if answer.chat and position == 0:
-                delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": index, "finish_reason": None}
-            if answer.chat:
-                choice["delta"] = delta
-            else:
-                choice["text"] = piece
-            if top is not None:
-                one = sequence.model_copy(
-                    update={
-                        "tokens": sequence.tokens[position : position + 1],
-                        "logprobs": (sequence.logprobs or [])[position : position + 1],
-                    }
-                )
-                choice["logprobs"] = _logprobs(answer, one, tokenizer, top)
-            yield _event({**answer.head(chunk=True), "choices": [choice]})
-        last: dict[str, Any] = {"index": index, "finish_reason": FINISH[sequence.stop_reason]}
-        if answer.chat:
-            last["delta"] = {}
-        else:
-            last["text"] = ""
-        yield _event({**answer.head(chunk=True), "choices": [last]})
+            pairs = (sequence.logprobs or [None] * len(pieces))[position]
+            token = sequence.tokens[position]
+            yield token_chunk(answer, index, position, piece, token, pairs, tokenizer, top)
+        yield finish_chunk(answer, index, sequence.stop_reason)
+    yield from end_chunks(answer, responses, prompt_tokens, include_usage)
+
+
+def token_chunk(
+    answer: Answer,
+    index: int,
+    position: int,
+    piece: str,
+    token: int,
+    pairs: Any,
+    tokenizer: Any,
+    top: int | None,
+) -> str:
+    """The event of choice ``index``'s token at ``position``, adding ``piece`` to its text."""
+    choice: dict[str, Any] = {"index": index, "finish_reason": None}
+    if answer.chat:
+        delta: dict[str, Any] = {"content": piece}
+        if position == 0:
+            delta["role"] = "assistant"
+        choice["delta"] = delta
+    else:
+        choice["text"] = piece
+    if top is not None and pairs is not None:
+        one = SampledSequence(tokens=[token], logprobs=[pairs], stop_reason="length")
+        choice["logprobs"] = _logprobs(answer, one, tokenizer, top)
+    return _event({**answer.head(chunk=True), "choices": [choice]})
+
+
+def finish_chunk(answer: Answer, index: int, stop_reason: str, piece: str = "") -> str:
+    """Choice ``index``'s last event: the rest of its text, if any, and why it ended."""
+    last: dict[str, Any] = {"index": index, "finish_reason": FINISH[stop_reason]}
+    if answer.chat:
+        last["delta"] = {"content": piece} if piece else {}
+    else:
+        last["text"] = piece
+    return _event({**answer.head(chunk=True), "choices": [last]})
+
+
+def end_chunks(
+    answer: Answer, responses: list[SampleResponse], prompt_tokens: list[int], include_usage: bool
+) -> Iterator[str]:
     if include_usage:
         body = {**answer.head(chunk=True), "choices": [], "usage": usage(responses, prompt_tokens)}
         yield _event(body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from concurrent.futures import Future
 from functools import lru_cache
 from typing import Any
 
@@ -17,6 +18,7 @@ from twinkle.server.auth import Principal
 from twinkle.server.errors import BadRequest, Unavailable
 from twinkle.server.limits import check_tokens
 from twinkle.server.openai import answers, params, served_models
+from twinkle.server.openai.live_stream import DONE, LiveStream
 from twinkle.server.routes.common import caller, json_body, ready, state_of
 from twinkle.server.state import ServerState
 
@@ -68,37 +70,85 @@ async def _complete(request: Request, chat: bool) -> Any:
     prompts = await asyncio.to_thread(build, body, template)
     for index, prompt in enumerate(prompts):
         check_tokens(len(prompt.input_ids), state.config.limits, f"prompt {index}")
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    answer = answers.Answer(prefix + secrets.token_hex(12), int(time.time()), asked.model, chat)
+    live = None
+    if asked.stream and state.sampler.streams_tokens:
+        live = LiveStream(asyncio.get_running_loop(), asked.params.num_samples)
+    future = _submit(state, principal, asked, model.folder, prompts, live)
+    prompt_tokens = [len(p.input_ids) * asked.params.num_samples for p in prompts]
+    meter = request.app.state.meter
+    future.add_done_callback(lambda f: _count(meter, principal, f, prompt_tokens))
+    tokenizer, top = template.tokenizer, asked.top_logprobs
+    if live is not None:
+        return await _live_answer(live, future, answer, asked, tokenizer, prompt_tokens)
+    responses: list[SampleResponse] = await asyncio.wrap_future(future)
+    if not asked.stream:
+        return answers.whole(answer, responses, prompt_tokens, tokenizer, top)
+    events = answers.stream(answer, responses, prompt_tokens, tokenizer, top, asked.include_usage)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+def _submit(
+    state: ServerState,
+    principal: Principal,
+    asked: params.Request,
+    folder: str | None,
+    prompts: list[InputFeature],
+    live: LiveStream | None,
+) -> Future:
+    """Queue the prompts' samples in the caller's lane of the sampler's worker."""
     work = [
         state.sampler.sample_tokens(
-            p.input_ids, _seeded(asked.params, state, principal), model.folder
+            p.input_ids,
+            _seeded(asked.params, state, principal),
+            folder,
+            None if live is None else live.listener(index),
         )
-        for p in prompts
+        for index, p in enumerate(prompts)
     ]
-    future = state.sampler.worker.submit(
+    return state.sampler.worker.submit(
         principal.key_id,
         lambda: [job() for job in work],
         timeout=state.config.limits.request_timeout_s,
     )
-    responses: list[SampleResponse] = await asyncio.wrap_future(future)
-    prompt_tokens = [len(p.input_ids) * asked.params.num_samples for p in prompts]
-    counted = answers.usage(responses, prompt_tokens)
-    request.app.state.meter.add_usage(
-        principal.key_id,
-        {
-            "requests": 1,
-            "sampled_tokens": counted["completion_tokens"],
-            "prompt_tokens": counted["prompt_tokens"],
-        },
-    )
-    prefix = "chatcmpl-" if chat else "cmpl-"
-    answer = answers.Answer(prefix + secrets.token_hex(12), int(time.time()), asked.model, chat)
-    tokenizer = template.tokenizer
-    if not asked.stream:
-        return answers.whole(answer, responses, prompt_tokens, tokenizer, asked.top_logprobs)
-    events = answers.stream(
-        answer, responses, prompt_tokens, tokenizer, asked.top_logprobs, asked.include_usage
-    )
+
+
+async def _live_answer(
+    live: LiveStream,
+    future: Future,
+    answer: answers.Answer,
+    asked: params.Request,
+    tokenizer: Any,
+    prompt_tokens: list[int],
+) -> StreamingResponse:
+    """The stream, begun once the first token is drawn: work that fails before any token is
+    answered as that failure (a 4xx for the caller's mistake), not as a broken stream."""
+    live.watch(future)
+    first = await live.first()
+    if first is DONE:
+        await asyncio.wrap_future(future)
+    stops = tuple(s for s in asked.params.stop or () if isinstance(s, str))
+
+    def finish(responses: list[SampleResponse]):
+        return answers.end_chunks(answer, responses, prompt_tokens, asked.include_usage)
+
+    top = asked.top_logprobs
+    events = live.events(first, future, answer, tokenizer, top, stops, finish)
     return StreamingResponse(events, media_type="text/event-stream")
+
+
+def _count(meter: Any, principal: Principal, done: Future, prompt_tokens: list[int]) -> None:
+    """The finished sample's usage, counted even when its client went away mid-stream."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    counted = answers.usage(done.result(), prompt_tokens)
+    amounts = {
+        "requests": 1,
+        "sampled_tokens": counted["completion_tokens"],
+        "prompt_tokens": counted["prompt_tokens"],
+    }
+    meter.add_usage(principal.key_id, amounts)
 
 
 def _seeded(params: SamplingParams, state: ServerState, principal: Principal) -> SamplingParams:
