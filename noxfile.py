@@ -207,8 +207,9 @@ def bench_ray(session: nox.Session) -> None:
 
 @nox.session(name="bench-rl", default=False)
 def bench_rl(session: nox.Session) -> None:
-    """TorchSampler against transformers' generate; weight sync; one GRPO step by stage."""
-    _run_benchmarks(session, "twinkle-rl", "bench_rl.py")
+    """TorchSampler against transformers' generate; weight sync; one GRPO step by stage;
+    MultiTurnRollout against a hand-written loop, async GRPO (k = 1, 2) against sync."""
+    _run_benchmarks(session, "twinkle-rl", "bench_rl.py", "bench_agentic.py")
 
 
 @nox.session(name="bench-server", default=False)

@@ -1,0 +1,189 @@
+"""Agentic RL: MultiTurnRollout's throughput against a hand-written loop, and asynchronous
+GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
+
+1. **Rollout**: the same warm-started tiny model and TorchSampler, the held-out tasks x 4
+   trajectories, up to 3 turns of up to 64 tokens. ``MultiTurnRollout`` (token in, token
+   out: appends the sampled tokens and the rendered observation) against the loop a user
+   writes without it: keep the messages, let the sampler encode the whole conversation each
+   turn (``sampler.sample(trajectories)``), parse with ``template.parse_response``, step
+   the envs. Sampled tokens per second, medians of ``--repeats`` alternating runs.
+   Target: ratio >= 1.0x.
+2. **Async**: one SFT warm start (``--sft-steps``), then ``--grpo-steps`` GRPO steps from
+   the same weights for max_staleness 0 (synchronous), 1 and 2, held-out success measured
+   every ``--eval-every`` steps (evaluation time excluded). Reported: GRPO wall seconds,
+   seconds to the target success (the lowest final success of the three runs), the
+   trainer's idle fraction (waiting for a batch or for the sampler to finish one before a
+   sync), and the largest staleness trained on.
+
+    .venv/bin/python benchmarks/bench_agentic.py [--repeats 3] [--sft-steps 600]
+
+On this machine the producer is a thread sharing 2 cores with the trainer (and with
+whoever else runs): the async figures measure that, not a cluster where the sampler has
+its own devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from provenance import commit  # noqa: E402
+
+from twinkle.checkpoint_engine import CheckpointEngineManager  # noqa: E402
+from twinkle.data_format import Message, SamplingParams  # noqa: E402
+from twinkle.env import EnvPool, StepResult, arithmetic_tasks  # noqa: E402
+from twinkle.env.arithmetic import ArithmeticToolEnv  # noqa: E402
+from twinkle.sampler import TorchSampler  # noqa: E402
+
+RECIPE = Path(__file__).parents[1] / "cookbook" / "agentic" / "grpo_calculator.py"
+PARAMS = SamplingParams(max_tokens=64, temperature=1.0, seed=11)
+
+
+def load_recipe():
+    spec = importlib.util.spec_from_file_location("grpo_calculator", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> int:
+    """The loop without MultiTurnRollout; returns the sampled tokens it generated."""
+    envs = EnvPool(ArithmeticToolEnv, describe_tools=False, max_workers=1)
+    runs = [task for task in tasks for _ in range(num_samples)]
+    conversations = {i: list(e.observation) for i, e in enumerate(envs.reset(runs))}
+    sampled = 0
+    for turn in range(max_turns):
+        if not conversations:
+            break
+        live = list(conversations)
+        params = SamplingParams(**{**PARAMS.to_dict(), "seed": PARAMS.seed + turn})
+        responses = sampler.sample([{"messages": conversations[i]} for i in live], params)
+        actions = {}
+        for index, response in zip(live, responses, strict=True):
+            sequence = response.sequences[0]
+            sampled += len(sequence.tokens)
+            try:
+                message = Message.model_validate(sampler.template.parse_response(sequence.text))
+            except ValueError as err:
+                conversations[index] += [
+                    Message(role="assistant", content=sequence.text),
+                    Message(role="tool", content=f"error: {err}"),
+                ]
+                continue
+            conversations[index].append(message)
+            if sequence.stop_reason != "stop":
+                del conversations[index]
+            else:
+                actions[index] = message
+        for index, outcome in envs.step(actions).items():
+            if not isinstance(outcome, StepResult) or outcome.done or turn + 1 == max_turns:
+                conversations.pop(index, None)
+            else:
+                conversations[index] += outcome.observation
+    return sampled
+
+
+def bench_rollout(recipe, sampler, repeats: int) -> dict:
+    held_out = arithmetic_tasks("test")
+    rollout = recipe.build_rollout(sampler, PARAMS)
+
+    def ours() -> int:
+        return sum(t.num_sampled_tokens for t in rollout(held_out, num_samples=4))
+
+    def theirs() -> int:
+        return hand_written_rollout(sampler, held_out, 4, max_turns=3)
+
+    ours(), theirs()  # warm-up
+    rates: dict[str, list[float]] = {"MultiTurnRollout": [], "hand-written": []}
+    for _ in range(repeats):
+        for name, fn in (("MultiTurnRollout", ours), ("hand-written", theirs)):
+            start = time.perf_counter()
+            tokens = fn()
+            rates[name].append(tokens / (time.perf_counter() - start))
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    return {**medians, "ratio": medians["MultiTurnRollout"] / medians["hand-written"]}
+
+
+def bench_async(recipe, args) -> dict:
+    rng = random.Random(0)
+    train, held_out = arithmetic_tasks("train"), arithmetic_tasks("test")
+    base = recipe.parse_args(["--sft-steps", str(args.sft_steps)])
+    model = recipe.warm_start(base, rng, train)
+    warm = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
+    runs = {}
+    for k in (0, 1, 2):
+        model.model.load_state_dict(warm)
+        run_args = recipe.parse_args(
+            [
+                "--grpo-steps", str(args.grpo_steps),
+                "--eval-every", str(args.eval_every),
+                "--max-staleness", str(k),
+            ]
+        )  # fmt: skip
+        runs[k] = recipe.run_grpo(model, run_args, random.Random(1), train, held_out)
+    target = min(run["after"] for run in runs.values())
+    for run in runs.values():
+        run["seconds_to_target"] = next(s for s, success in run["curve"] if success >= target)
+    model.model.load_state_dict(warm)
+    return {"target": target, "runs": runs, "warm_state": warm, "model": model}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sft-steps", type=int, default=600)
+    parser.add_argument("--grpo-steps", type=int, default=12)
+    parser.add_argument("--eval-every", type=int, default=3)
+    args, _ = parser.parse_known_args()  # bench-rl passes its arguments to every script
+    recipe = load_recipe()
+
+    result = bench_async(recipe, args)
+    sampler = TorchSampler(model_id="bundled://tiny-qwen3")
+    sampler.set_template("Qwen3_5Template")
+    CheckpointEngineManager(model=result["model"], sampler=sampler).sync_weights()
+    rollout = bench_rollout(recipe, sampler, args.repeats)
+
+    print(
+        f"\n## Agentic RL ({datetime.date.today()}, {socket.gethostname()}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"commit {commit()})\n"
+    )
+    print("| rollout (warm-started tiny model, 24 tasks x 4, <= 3 turns) | sampled tokens/s |")
+    print("| --- | --- |")
+    for name in ("MultiTurnRollout", "hand-written"):
+        print(f"| {name} | {rollout[name]:.0f} |")
+    print(f"| ratio | {rollout['ratio']:.2f}x |\n")
+    print(
+        f"| GRPO, {args.grpo_steps} steps | held-out success before -> after | GRPO s | "
+        f"s to {result['target']:.3f} | ratio to sync | trainer idle | max staleness |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    sync_time = result["runs"][0]["seconds_to_target"]
+    for k, run in result["runs"].items():
+        name = "sync (k = 0)" if k == 0 else f"async k = {k}"
+        print(
+            f"| {name} | {run['before']:.3f} -> {run['after']:.3f} | {run['grpo_seconds']:.0f} | "
+            f"{run['seconds_to_target']:.0f} | {run['seconds_to_target'] / sync_time:.2f}x | "
+            f"{run['trainer_idle_fraction']:.0%} | {max(run['staleness'])} |"
+        )
+    summary = {
+        k: {n: v for n, v in run.items() if n != "curve"} for k, run in result["runs"].items()
+    }
+    print("\n" + json.dumps({"rollout": rollout, "async": summary}, default=str))
+
+
+if __name__ == "__main__":
+    main()
