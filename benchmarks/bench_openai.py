@@ -9,9 +9,10 @@ server's process gets), a 32-token prompt, ``ignore_eos`` so every completion ha
 step); its tokens/s is ``max_tokens`` over a full call. Measured: ``POST /v1/completions``
 on a real server process on 127.0.0.1 with the same prompt tokens, streamed (time to the
 first chunk holding a token, and tokens over the time to ``[DONE]``) and not streamed.
-The samplers return whole completions, so the server streams a completion's chunks once
-it is done: the streamed time to first token is the full completion's latency, and the
-ratio column says what that costs. Rows interleave in-process and HTTP calls; medians.
+The server's TorchSampler streams each token as it is drawn, so the streamed time to first
+token is the prefill and one step plus HTTP; a sampler that returns whole completions would
+show the full completion's latency there. Rows interleave in-process and HTTP calls;
+medians.
 """
 
 from __future__ import annotations

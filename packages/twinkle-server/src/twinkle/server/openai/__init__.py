@@ -6,9 +6,9 @@ the caller owns, or ``twinkle://<run>`` for that run's latest sampler weights.
 
 Sampling goes through the server's SamplerService, in the caller's lane of the sampler's
 worker, like the Twinkle and Tinker sampler routes. ``stream=true`` answers with
-server-sent events in OpenAI's chunk format, one chunk per generated token; the chunks are
-sent once the sample finishes, since the samplers return whole completions (time to first
-token is the completion's latency; ``RESULTS.md`` measures it).
+server-sent events in OpenAI's chunk format, one chunk per generated token, sent as the
+sampler draws it where the sampler streams (``live_stream``), else once the completion is
+done (``answers.stream``).
 """
 
 from twinkle.server.openai.routes import router
