@@ -32,7 +32,7 @@ _RETURNS_HINT = (
 )
 _OLD_VALUES_HINT = (
     "value clipping (epsilon) keeps the new values within epsilon of those the advantages "
-    "were computed with: pass old_values (the value model's forward_only(...).values of the "
+    "were computed with: pass old_values (the value model's forward_only(...)['values'] of the "
     "same batch, before the update), or build PPOValueLoss(epsilon=None) to train unclipped"
 )
 

@@ -4,6 +4,12 @@ only when a MegatronModel is built)."""
 from twinkle.model.base import TwinkleModel
 from twinkle.model.checkpoint import CheckpointError
 from twinkle.model.megatron import MegatronModel
-from twinkle.model.transformers import TransformersModel
+from twinkle.model.transformers import TransformersModel, TransformersValueModel
 
-__all__ = ["CheckpointError", "MegatronModel", "TransformersModel", "TwinkleModel"]
+__all__ = [
+    "CheckpointError",
+    "MegatronModel",
+    "TransformersModel",
+    "TransformersValueModel",
+    "TwinkleModel",
+]
