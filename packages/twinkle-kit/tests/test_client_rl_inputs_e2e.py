@@ -159,3 +159,39 @@ def test_the_http_sketch_trains_on_the_samplers_result(client):
     reference = MultiLoraTransformersModel(model_id=MODEL_ID)
     reference.add_adapter_to_model("default", lora_config)
     assert reference.forward_backward(inputs=features).loss == output.loss
+
+
+def test_a_multi_turn_rollout_on_the_client_samples_and_trains_on_the_server(client):
+    """Issue 18: MultiTurnRollout runs in the client's process (envs, template, token
+    bookkeeping) around the server's sampler, and the server trains on its sequences: the
+    trainer's logprobs of every sampled token are the sampler's, across turns."""
+    from twinkle.data_format import SamplingParams, ToolCall
+    from twinkle.env import ArithmeticToolEnv, task_row
+    from twinkle.rollout import MultiTurnRollout
+    from twinkle.template import Qwen3_5Template
+
+    def calls_calculator(text):
+        call = ToolCall(name="calculator", arguments={"expression": "2 * 3"})
+        return {"role": "assistant", "content": text, "tool_calls": [call.to_openai()]}
+
+    model = grpo_model()
+    template = Qwen3_5Template(MODEL_ID)
+    stop = list("etaoinsrhdlu0123456789 ")  # short turns that end (stop strings, <= 32)
+    rollout = MultiTurnRollout(
+        vLLMSampler(model_id=MODEL_ID),
+        template,
+        ArithmeticToolEnv,
+        3,
+        sampling_params=SamplingParams(max_tokens=4, temperature=1.0, seed=3, stop=stop),
+        response_parser=calls_calculator,
+        sample_kwargs={"adapter_uri": model.save(name="rollout-step-0", save_optimizer=False)},
+    )
+    trajectories = rollout([task_row(3, 4), task_row(5, 6)], num_samples=2)
+    assert max(t.turns for t in trajectories) >= 2
+    assert any(m.role == "tool" and m.content == "6" for t in trajectories for m in t.messages)
+    model.forward_backward(
+        inputs=[t.input_feature() for t in trajectories],
+        advantages=[1.0, -1.0, 0.5, -0.5],
+        old_logps=[t.sampled_logprobs() for t in trajectories],
+    )
+    assert model.calculate_metric()["policy/logp_mismatch"] < 1e-4

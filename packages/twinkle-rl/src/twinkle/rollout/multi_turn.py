@@ -41,7 +41,8 @@ class MultiTurnRollout:
     """Runs episodes of ``env`` (an EnvPool, or an Env class or factory to build one) with
     ``sampler`` and ``template`` (the one the model trains with). ``response_parser`` turns a
     turn's text into the assistant message; by default ``template.parse_response``, the
-    model family's tool-call format."""
+    model family's tool-call format. ``sample_kwargs`` go to every ``sampler.sample`` call
+    (``adapter_name=`` for a local sampler, ``adapter_uri=`` for the client's)."""
 
     def __init__(
         self,
@@ -53,7 +54,7 @@ class MultiTurnRollout:
         sampling_params: SamplingParams | Mapping[str, Any],
         max_tokens: int = 2048,
         response_parser: ResponseParser | None = None,
-        adapter_name: str | None = None,
+        sample_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -73,7 +74,7 @@ class MultiTurnRollout:
         self.max_tokens = max_tokens
         self.sampling_params = sampling_params
         self.response_parser = response_parser or _family_parser(template)
-        self.adapter_name = adapter_name
+        self.sample_kwargs = dict(sample_kwargs or {})
 
     def __call__(
         self, tasks: Sequence[Mapping[str, Any]], num_samples: int = 1
@@ -139,7 +140,7 @@ class MultiTurnRollout:
         for call, (budget, group) in enumerate(sorted(budgets.items())):
             params = self._turn_params(budget, turn, call)
             prompts = [InputFeature(input_ids=np.asarray(t.tokens, dtype=np.int64)) for t in group]
-            responses = self.sampler.sample(prompts, params, adapter_name=self.adapter_name)
+            responses = _responses(self.sampler.sample(prompts, params, **self.sample_kwargs))
             for trajectory, response in zip(group, responses, strict=True):
                 self._take_sample(trajectory, _first_sequence(response))
 
@@ -217,6 +218,13 @@ def _record(trajectory: RolloutTrajectory, outcome: StepResult, turn: int) -> No
     trajectory.reward += float(outcome.reward)
     if outcome.info:
         trajectory.infos.append({"turn": turn, **outcome.info})
+
+
+def _responses(result: Any) -> list[Any]:
+    """One response per prompt: a sampler's list, or the Twinkle client's ``'responses'``."""
+    if isinstance(result, Mapping) and "responses" in result:
+        return list(result["responses"])
+    return list(result)
 
 
 def _first_sequence(response: Any) -> Any:
