@@ -185,9 +185,14 @@ def bench_data(session: nox.Session) -> None:
 
 @nox.session(name="bench-model", default=False)
 def bench_model(session: nox.Session) -> None:
-    """Model step overhead and memory against plain PyTorch, and chunked cross-entropy memory."""
+    """Model step overhead and memory against plain PyTorch, chunked cross-entropy memory, and
+    the documents' loop (padding-free by default) against a hand-written padded loop."""
     _run_benchmarks(
-        session, "twinkle-models", "bench_model_overhead.py", "bench_model_chunked_ce.py"
+        session,
+        "twinkle-models",
+        "bench_model_overhead.py",
+        "bench_model_chunked_ce.py",
+        "bench_model_packing.py",
     )
 
 

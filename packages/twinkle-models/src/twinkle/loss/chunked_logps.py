@@ -48,10 +48,14 @@ def _chunks(n: int, chunk_size: int) -> list[slice]:
 
 
 def _forward_chunk(logits, targets, lse, logps, ids) -> None:
-    """Fill this chunk's log-sum-exp, target logps and argmax ids from its float logits."""
-    lse.copy_(torch.logsumexp(logits, dim=-1))
-    logps.copy_(logits.gather(1, targets[:, None]).squeeze(1) - lse)
-    ids.copy_(logits.argmax(dim=-1))
+    """Fill this chunk's log-sum-exp, target logps and argmax ids from its float logits,
+    which it overwrites (every caller passes a chunk of its own). One pass finds the
+    maximum and the argmax together; the rest runs in place, with no (n, V) temporary."""
+    top, argmax = logits.max(dim=-1)
+    target = logits.gather(1, targets[:, None]).squeeze(1)
+    lse.copy_(logits.sub_(top[:, None]).exp_().sum(dim=-1).log_().add_(top))
+    logps.copy_(target - lse)
+    ids.copy_(argmax)
 
 
 def _logps_grad_(logits, lse, targets, grad) -> torch.Tensor:

@@ -38,8 +38,10 @@ from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.token_ids import check_token_ids
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.model.transformers.checkpointing import CheckpointingMixin
+from twinkle.model.transformers.compile import CompiledLayers, compile_options
 from twinkle.model.transformers.embedding_model import MODEL_INPUT_KEYS, EmbeddingModelMixin
 from twinkle.model.transformers.loading import load_causal_lm
+from twinkle.model.transformers.packing import AutoPacking
 from twinkle.model.transformers.router_aux_loss import (
     record_router_logits,
     router_aux_loss,
@@ -48,7 +50,8 @@ from twinkle.model.transformers.router_aux_loss import (
 from twinkle.model.transformers.strategy import ParallelPlan, parallelize
 from twinkle.model.unit_random import derived_seed, seeded
 from twinkle.module import build_lr_scheduler, build_optimizer
-from twinkle.patch import apply_for_batch
+from twinkle.patch import apply_for_batch, is_packed_batch
+from twinkle.processor import InputProcessor
 from twinkle.utils import get_logger
 
 logger = get_logger()
@@ -84,6 +87,12 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
     ``ExpertParallelConfig``) and ``sequence_parallel`` (a ``SequenceParallelConfig``)
     configure the mesh's ``ep_size`` and ``ulysses_size``. Losses are normalised by the
     token count of the whole global batch, so every strategy trains like one process.
+
+    ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) compiles each decoder
+    layer in place (``transformers.compile``): on one process and under DDP; elsewhere, or
+    where compilation fails, the layers run eagerly after one warning naming the cause.
+    Batches whose rows differ in length by the model's choice run padding-free
+    (``transformers.packing``) unless the processor says otherwise.
     """
 
     def __init__(
@@ -101,6 +110,7 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         ddp_config: Mapping[str, Any] | None = None,
         expert_parallel: Any = None,
         sequence_parallel: Any = None,
+        compile: bool | Mapping[str, Any] = False,
         **from_pretrained_kwargs: Any,
     ) -> None:
         if ddp_config is not None and not isinstance(ddp_config, Mapping):
@@ -120,9 +130,15 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         )
         model.config.use_cache = False
         self.model: PreTrainedModel | PeftModel = model.to(self.device)
+        options = compile_options(compile)
+        self._compiled = None
+        if options is not None:  # the plan's kind decides whether compiled layers are correct
+            strategy = lambda: "single" if self._plan is None else self._plan.kind  # noqa: E731
+            self._compiled = CompiledLayers(model, options, strategy)
         self.gradient_checkpointing = gradient_checkpointing
         self.expert_parallel, self.sequence_parallel = expert_parallel, sequence_parallel
         self._plan: ParallelPlan | None = None
+        self._packing = AutoPacking()
         # Trainable units whose last backward left its gradients unreduced (accumulating).
         self._unreduced: set[str] = set()
         self._states: dict[str, TrainState] = {FULL_MODEL: self._new_state(FULL_MODEL, 1)}
@@ -360,27 +376,53 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
         # transformers' in-forward aux loss would see only this rank's part of a batch the plan
         # splits: record the router logits, have the plan finish them, and compute it here.
         with record_router_logits(base) as router_logits:
-            outputs, part = self._model_outputs(batch, {"output_router_logits": False})
+            outputs, part, packed = self._model_outputs(batch, {"output_router_logits": False})
         router_logits = self._parallel().finish_router_logits(part, router_logits)
-        outputs["aux_loss"] = router_aux_loss(base, router_logits, batch.get("attention_mask"))
+        # A packed forward routed the real tokens alone: no padding to mask.
+        mask = None if packed else batch.get("attention_mask")
+        outputs["aux_loss"] = router_aux_loss(base, router_logits, mask)
         return outputs
 
-    def _model_outputs(self, batch: dict, extra: dict) -> tuple[dict, Any]:
-        """The forward's outputs, and the part of the batch this rank ran when the plan
-        prepared one (None: the whole batch)."""
+    def _model_outputs(self, batch: dict, extra: dict) -> tuple[dict, Any, bool]:
+        """The forward's outputs, the part of the batch this rank ran when the plan
+        prepared one (None: the whole batch), and whether its rows ran packed."""
         model_inputs = {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
         model_inputs.update(extra)
         labels = batch.get("labels")
         base = self._hf_model()
-        # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
-        apply_for_batch(base, batch)
+        if is_packed_batch(batch):
+            self._packing.require(base, "the batch is packed (several sequences in one row)")
         plan = self._parallel()
+        packed = None if plan.splits_sequences else self._packing.pack(base, batch, self._mode())
+        if packed is not None:  # padded rows, run as one packed row and scattered back
+            model_inputs = {**packed.model_inputs(), **extra}
+            labels = packed.labels
+        # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
+        apply_for_batch(base, model_inputs if packed is not None else batch)
         prepared = plan.prepare_batch(batch)
         if prepared is not None:  # this rank runs a part of the batch; the plan finishes it
             inputs, part = prepared
             with autocast(self.precision, self.device.type):
                 logits = self.model(**inputs, **extra, use_cache=False).logits
-                return plan.finish_outputs(part, logits), part
+                return plan.finish_outputs(part, logits), part, False
+        outputs = self._token_outputs(base, model_inputs, labels)
+        if packed is None:
+            return outputs, None, False
+        return {key: packed.to_rows(value) for key, value in outputs.items()}, None, True
+
+    def _mode(self) -> bool | None:
+        """The active unit's processor's ``padding_free`` (None: the model chooses)."""
+        state = self._states.get(self._active or FULL_MODEL)
+        processor = None if state is None else state.processor
+        if processor is None:
+            return None
+        return processor.padding_free if isinstance(processor, InputProcessor) else False
+
+    def _token_outputs(
+        self, base: PreTrainedModel, model_inputs: dict, labels: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        """The forward on one rank's whole batch: logits without labels, else label logps
+        and predicted ids (and the logits, unless the head ran chunk by chunk)."""
         head = base.get_output_embeddings()
         chunked = (
             labels is not None
@@ -397,11 +439,11 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
             else:
                 logits = self.model(**model_inputs, use_cache=False).logits
                 if labels is None:
-                    return {"logits": logits.float()}, None
+                    return {"logits": logits.float()}
                 result = logps_from_logits(logits, labels)
                 outputs = {"logits": logits}
         outputs.update(logps=result.logps, pred_ids=result.predicted_ids)
-        return outputs, None
+        return outputs
 
     def _loss(
         self, batch: dict, outputs: dict, state: TrainState, **loss_kwargs
