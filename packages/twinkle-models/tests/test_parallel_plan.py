@@ -23,9 +23,13 @@ def test_a_mesh_sized_for_more_processes_than_run_is_refused_with_the_launch_com
         model.set_optimizer("AdamW")
 
 
-def test_tensor_and_pipeline_parallel_meshes_are_refused():
-    with pytest.raises(ValueError, match="tp=2.*MegatronModel"):
-        check_mesh(DeviceMesh.from_sizes(dp_size=1, tp_size=2, device_type="cpu"))
+def test_pipeline_and_context_parallel_meshes_are_refused():
+    """Tensor parallel runs on TransformersModel (test_tensor_parallel); pp and cp do not."""
+    for sizes in ({"pp_size": 2}, {"cp_size": 2}):
+        with pytest.raises(
+            ValueError, match="=2: pipeline and context parallel need MegatronModel"
+        ):
+            check_mesh(DeviceMesh.from_sizes(dp_size=1, device_type="cpu", **sizes))
 
 
 def test_one_process_gets_a_plan_that_wraps_nothing_and_enables_checkpointing():

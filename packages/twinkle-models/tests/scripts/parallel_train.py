@@ -4,6 +4,8 @@ with a single-process run of the same functions.
     torchrun --nproc_per_node=2 parallel_train.py ddp OUT     # dp=2
     torchrun --nproc_per_node=2 parallel_train.py fsdp OUT    # fsdp=2 (+ checkpoint resume)
     torchrun --nproc_per_node=4 parallel_train.py hsdp OUT    # dp=2 x fsdp=2
+    torchrun --nproc_per_node=2 parallel_train.py tp OUT      # tp=2 (+ checkpoint resume)
+    torchrun --nproc_per_node=4 parallel_train.py fsdp_tp OUT # fsdp=2 x tp=2
 
 Every case reads the same global batches; each rank takes its data rank's slice, and the
 slices hold very different token counts (short answers first, long ones last). Rank 0
@@ -36,6 +38,8 @@ MESHES = {
     "ddp": {"dp_size": 2},
     "fsdp": {"fsdp_size": 2},
     "hsdp": {"dp_size": 2, "fsdp_size": 2},
+    "tp": {"tp_size": 2},
+    "fsdp_tp": {"fsdp_size": 2, "tp_size": 2},
 }
 
 
@@ -231,10 +235,11 @@ def main(strategy: str, out: Path) -> None:
         "lora_gradient": first_gradient("lora", mesh),
         "full_gradient": first_gradient("full", mesh),
     }
-    if strategy != "hsdp":
+    if strategy in ("ddp", "fsdp", "tp"):
         result["two_adapters"] = two_adapters(mesh)
+    if strategy in ("ddp", "fsdp"):  # tp ranks share a batch: nothing to reduce over data
         result["accumulation"] = accumulation_is_local(mesh)
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "tp"):
         result["resume"] = resume(mesh, out)
         result["bf16"] = bf16_run(mesh)
     errors = bad_inputs(strategy) if strategy == "ddp" else {}

@@ -46,16 +46,43 @@ class MegatronRules:
     moe: Callable[[Any], dict[str, Any]] | None = None
 
 
+TP_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
+"""How a tensor-parallel plan shards a module: ``colwise`` splits a linear's outputs
+(each rank computes its heads / its slice of the MLP), ``rowwise`` splits its inputs and
+sums the outputs, ``replicated_with_grad_allreduce`` keeps a weight whole on every rank
+but sums its gradient, which each rank computes from its own heads (q/k norms)."""
+
+DENSE_TP_PLAN = {
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+"""Megatron's layout of a standard decoder: attention heads and MLP width split over the
+tensor-parallel ranks, one all-reduce after each of attention and MLP."""
+
+QK_NORM_TP_PLAN = {
+    **DENSE_TP_PLAN,
+    "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
+    "layers.*.self_attn.k_norm": "replicated_with_grad_allreduce",
+}
+
+
 @dataclass(frozen=True)
 class ModelFamily:
     """One family: its name, the ``model_type`` values of its configs, its MoE layout
-    (None when dense) and its Megatron rules (None when MegatronModel does not convert
-    it)."""
+    (None when dense), its Megatron rules (None when MegatronModel does not convert it)
+    and its tensor-parallel plan for TransformersModel (module name patterns under the
+    decoder to a style of ``TP_STYLES``; None when it has none)."""
 
     name: str
     model_types: tuple[str, ...]
     moe: MoeLayout | None = None
     megatron: MegatronRules | None = None
+    tp_plan: dict[str, str] | None = None
 
     def is_moe_block(self, module: nn.Module) -> bool:
         """Whether ``module`` is one of this family's MoE blocks."""

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from twinkle.model.families.base import MegatronRules, ModelFamily, MoeLayout
+from twinkle.model.families.base import (
+    DENSE_TP_PLAN,
+    QK_NORM_TP_PLAN,
+    MegatronRules,
+    ModelFamily,
+    MoeLayout,
+)
 from twinkle.model.families.routing import softmax_top_k
 
 
@@ -25,8 +31,12 @@ def qwen3_moe_megatron(config: Any) -> dict[str, Any]:
     }
 
 
-QWEN2 = ModelFamily("qwen2", ("qwen2",), megatron=MegatronRules(qkv_bias=True))
-QWEN3 = ModelFamily("qwen3", ("qwen3",), megatron=MegatronRules(qk_norm=True))
+QWEN2 = ModelFamily(
+    "qwen2", ("qwen2",), megatron=MegatronRules(qkv_bias=True), tp_plan=DENSE_TP_PLAN
+)
+QWEN3 = ModelFamily(
+    "qwen3", ("qwen3",), megatron=MegatronRules(qk_norm=True), tp_plan=QK_NORM_TP_PLAN
+)
 QWEN3_MOE = ModelFamily(
     "qwen3_moe",
     ("qwen3_moe",),

@@ -2,8 +2,9 @@
 
 NOTE the order: every rank first takes rank 0's weights, while each holds the whole
 model; then expert parallel (shards experts and their FSDP over ``ep_fsdp``), then
-Ulysses sequence parallel (patches attention), then activation checkpointing, then
-FSDP2 or DDP, which must come last as they wrap (or shard) whatever the others left.
+Ulysses sequence parallel (patches attention), then tensor parallel (splits layers over
+``tp``), then activation checkpointing, then FSDP2 or DDP, which must come last as they
+wrap (or shard) whatever the others left; FSDP2 shards tp's DTensors over dp × fsdp.
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ from twinkle.model.transformers.strategy.sequence_parallel import (
     SequenceParallelStrategy,
     SequenceShard,
 )
+from twinkle.model.transformers.strategy.tensor_parallel import (
+    TensorParallel,
+    apply_tensor_parallel,
+    check_tensor_parallel,
+)
 
-SUPPORTED_DIMS = ("dp", "fsdp")
-KINDS = ("single", "ddp", "fsdp", "hsdp")
+SUPPORTED_DIMS = ("dp", "fsdp", "tp")
+KINDS = ("single", "ddp", "fsdp", "hsdp", "tp")
 
 
 class ParallelPlan:
@@ -54,6 +60,7 @@ class ParallelPlan:
         fsdp_root: nn.Module | None = None,
         ddp_config: Mapping[str, Any] | None = None,
         sequence_parallel: SequenceParallelStrategy | None = None,
+        tensor_parallel: TensorParallel | None = None,
     ) -> None:
         self.model = model
         self.kind = kind
@@ -62,6 +69,7 @@ class ParallelPlan:
         self.ddp_config = dict(ddp_config or {})
         self._ddp_roots: dict[str, nn.Module] = {}
         self.sequence_parallel = sequence_parallel
+        self.tensor_parallel = tensor_parallel
 
     @property
     def distributed(self) -> bool:
@@ -69,7 +77,8 @@ class ParallelPlan:
 
     @property
     def sharded(self) -> bool:
-        return self.kind in ("fsdp", "hsdp")
+        """Whether weights are DTensors to gather for a checkpoint (FSDP2 or tp)."""
+        return self.kind in ("fsdp", "hsdp") or self.tensor_parallel is not None
 
     @property
     def gradient_ranks(self) -> int:
@@ -91,7 +100,7 @@ class ParallelPlan:
     def set_gradient_sync(self, unit: str, sync: bool) -> None:
         if self.kind == "ddp":
             set_ddp_gradient_sync(self.root(unit), sync)
-        elif self.sharded:
+        elif self.fsdp_root is not None:
             set_fsdp_gradient_sync(self.fsdp_root, sync)
 
     # ---- hooks of the training step ----------------------------------------------------
@@ -146,6 +155,8 @@ class ParallelPlan:
         the same experts. A collective."""
         if self.kind == "ddp":
             sync_expert_gradients(_hf_model(self.model))
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.reduce_gradients()
 
     # ---- collectives ----------------------------------------------------------------------
 
@@ -188,10 +199,24 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
     ]
     if extra:
         raise ValueError(
-            f"TransformersModel parallelises over dp and fsdp (with ulysses_size and ep_size "
-            f"carved from them); this mesh also has {', '.join(extra)}: tensor, pipeline and "
-            "context parallel need MegatronModel"
+            f"TransformersModel parallelises over dp, fsdp and tp (with ulysses_size and "
+            f"ep_size carved from dp × fsdp); this mesh also has {', '.join(extra)}: pipeline "
+            "and context parallel need MegatronModel"
         )
+    if device_mesh.size("tp") > 1:
+        others = [n for n in ("ulysses", "ep") if device_mesh.size(n) > 1]
+        if others or device_mesh.etp_size is not None:
+            raise ValueError(
+                f"TransformersModel's tensor parallel does not combine with "
+                f"{', '.join(f'{n}_size' for n in others) or 'etp_size'} yet; use MegatronModel "
+                "for tp with sequence or expert parallel, or drop tp_size"
+            )
+        if device_mesh.size("dp") > 1 and device_mesh.size("fsdp") == 1:
+            raise ValueError(
+                f"tp_size with dp_size={device_mesh.size('dp')} alone: DDP does not take "
+                "tensor-parallel weights; shard data parallel with FSDP2 instead "
+                f"(fsdp_size={device_mesh.size('dp')}, or dp × fsdp for HSDP)"
+            )
     world = device_mesh.world_size
     names, shape = device_mesh.mesh_dim_names, device_mesh.mesh_shape
     sizes = " × ".join(f"{n}={s}" for n, s in zip(names, shape, strict=True))
@@ -230,6 +255,8 @@ def parallelize(
     when the mesh has ``ep_size`` or ``ulysses_size`` > 1.
     """
     if device_mesh is not None:
+        if device_mesh.size("tp") > 1:  # before any collective, so every rank says why
+            check_tensor_parallel(_hf_model(model).config, device_mesh.size("tp"))
         check_mesh(device_mesh)
     if device_mesh is None or device_mesh.world_size == 1:
         _enable_activation_checkpointing(model, gradient_checkpointing)
@@ -242,8 +269,11 @@ def parallelize(
     sequence_strategy = None
     if device_mesh.size("ulysses") > 1:
         sequence_strategy = SequenceParallelStrategy(device_mesh, sequence_parallel).apply(model)
-    _enable_activation_checkpointing(model, gradient_checkpointing)
     torch_mesh = device_mesh.to_torch()
+    tensor_strategy = None
+    if device_mesh.size("tp") > 1:
+        tensor_strategy = apply_tensor_parallel(model, torch_mesh["tp"])
+    _enable_activation_checkpointing(model, gradient_checkpointing)
     dp, fsdp = device_mesh.size("dp"), device_mesh.size("fsdp")
     if fsdp > 1:
         kind = "hsdp" if dp > 1 else "fsdp"
@@ -252,9 +282,14 @@ def parallelize(
         return ParallelPlan(
             model,
             kind,
-            group=dist.group.WORLD,
+            group=dist.group.WORLD if tensor_strategy is None else _data_group(device_mesh),
             fsdp_root=root,
             sequence_parallel=sequence_strategy,
+            tensor_parallel=tensor_strategy,
+        )
+    if tensor_strategy is not None:  # tp alone: every rank reads the same batch
+        return ParallelPlan(
+            model, "tp", group=torch_mesh["dp"].get_group(), tensor_parallel=tensor_strategy
         )
     return ParallelPlan(
         model,
@@ -263,6 +298,20 @@ def parallelize(
         ddp_config=ddp_config,
         sequence_parallel=sequence_strategy,
     )
+
+
+def _data_group(device_mesh: DeviceMesh) -> dist.ProcessGroup:
+    """The ranks reading different batches as this one (equal tp coordinate), over which
+    token counts are summed. Every rank creates every group, as ``new_group`` requires."""
+    groups: dict[int, list[int]] = {}
+    for rank in range(device_mesh.world_size):
+        groups.setdefault(device_mesh.coords(rank)["tp"], []).append(rank)
+    mine = None
+    for ranks in groups.values():
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
 
 
 def broadcast_from_rank0(model: nn.Module) -> None:
