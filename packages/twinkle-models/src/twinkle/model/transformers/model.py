@@ -533,6 +533,13 @@ class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin
     ) -> None:
         """Backward of a summed loss; the normaliser waits in ``pending_tokens`` for the step."""
         loss.backward()
+        self._account_backward(state, batch, outputs, loss, num_tokens)
+
+    def _account_backward(
+        self, state: TrainState, batch: dict, outputs: dict, loss: torch.Tensor, num_tokens: float
+    ) -> None:
+        """Count a backward's tokens and metrics in ``state`` (a batched pass of several
+        units back-propagates their losses at once, then counts each)."""
         state.pending_tokens += num_tokens
         mask = batch.get("attention_mask")
         real_tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()

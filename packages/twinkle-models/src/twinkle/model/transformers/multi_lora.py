@@ -8,6 +8,8 @@ the others frozen, and each adapter's optimizer holds its own parameters alone),
 because each adapter draws its randomness (LoRA dropout) from its own generators
 (``unit_random.RandomStream``), seeded from its initial seed and saved with its checkpoint:
 a tenant's losses do not depend on its neighbours' work, nor on their resumes.
+``forward_backward_many`` runs several tenants' calls as one pass, each row through its own
+adapter (``tenant_pass``, ``lora_rows``), with the results of each call run alone.
 
 Not supported: ``modules_to_save`` (it would train full copies of base modules per
 tenant) and full-parameter training (the base model is shared).
@@ -16,14 +18,18 @@ tenant) and full-parameter training (the base model is shared).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch.distributed as dist
 from peft import LoraConfig, PeftConfig
 
+from twinkle.data_format import ModelOutput
 from twinkle.infra import remote_function
 from twinkle.model.train_state import TrainState
+from twinkle.model.transformers.lora_rows import unsupported
 from twinkle.model.transformers.model import TransformersModel
+from twinkle.model.transformers.tenant_pass import TenantRequest, forward_backward_many
 from twinkle.model.unit_random import RandomStream, derived_seed
 
 
@@ -48,6 +54,7 @@ class MultiLoraTransformersModel(TransformersModel):
         super().__init__(model_id, **kwargs)
         self.max_loras = max_loras
         self.max_rank = max_rank
+        self._row_reasons: dict[str, str | None] = {}  # see tenant_pass.solo_reason
 
     def _add_adapter(
         self,
@@ -71,6 +78,8 @@ class MultiLoraTransformersModel(TransformersModel):
         )
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         state.random_stream = RandomStream(derived_seed(init_seed, "dropout", rank), self.device)
+        # Whether its rows can share a pass: fixed by its layers, so found once.
+        self._row_reasons[adapter_name] = unsupported(self.model, adapter_name)
         return state
 
     @remote_function(dispatch="all", collect="first")
@@ -99,6 +108,17 @@ class MultiLoraTransformersModel(TransformersModel):
             )
 
     @remote_function(dispatch="all", collect="first")
+    def forward_backward_many(
+        self, requests: Sequence[TenantRequest]
+    ) -> list[ModelOutput | Exception]:
+        """Several adapters' ``forward_backward`` calls as one forward and one backward
+        (``tenant_pass``): each request's output, or the exception that refused it alone, in
+        order. Each adapter's gradient, normaliser, metrics and dropout masks are those of its
+        call run by itself. On a Ray group every worker runs every request: give it one worker
+        (data-parallel workers would each train on all the rows)."""
+        return forward_backward_many(self, requests)
+
+    @remote_function(dispatch="all", collect="first")
     def remove_adapter(self, adapter_name: str) -> None:
         """Delete the adapter, its optimizer and its state, freeing its slot.
 
@@ -108,6 +128,7 @@ class MultiLoraTransformersModel(TransformersModel):
         self._state(adapter_name)  # raises for an unknown name
         self.model.delete_adapter(adapter_name)
         del self._states[adapter_name]
+        self._row_reasons.pop(adapter_name, None)
         self._active = None
         remaining = self.adapter_names
         if remaining:
