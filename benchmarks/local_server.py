@@ -22,9 +22,15 @@ from twinkle.server.store import SQLiteStore
 
 class LocalServer:
     def __init__(
-        self, home: Path, key_names: list[str], max_loras: int, sampler_max_tokens: int = 0
+        self,
+        home: Path,
+        key_names: list[str],
+        max_loras: int,
+        sampler_max_tokens: int = 0,
+        batching: bool = True,
     ) -> None:
-        """``sampler_max_tokens`` > 0 enables a TorchSampler with that completion limit."""
+        """``sampler_max_tokens`` > 0 enables a TorchSampler with that completion limit;
+        ``batching=False`` runs every request alone (no shared passes across tenants)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -36,7 +42,8 @@ class LocalServer:
         config = home / "config.yaml"
         config.write_text(
             f"port: {port}\nmodel: {{model_id: 'bundled://tiny-qwen3', max_loras: {max_loras},"
-            f" device: cpu}}\nsampler: {sampler}\nstorage: {{home: '{home}'}}\n"
+            f" device: cpu, batching: {{enabled: {str(batching).lower()}}}}}\n"
+            f"sampler: {sampler}\nstorage: {{home: '{home}'}}\n"
         )
         store = SQLiteStore(home / "state.db")
         self.keys = [create_key(store, name)[0] for name in key_names]

@@ -22,6 +22,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BatchingConfig(_Strict):
+    """Tenants sharing passes: runs' forward_backward requests one pass of the model
+    (``tenant_batches``), keys' sample requests one batch of the sampler (``SamplerService``)."""
+
+    enabled: bool = True
+    max_tenants: int = Field(default=16, ge=1)
+    """The most requests (one per run) in one pass."""
+    max_rows: int = Field(default=256, ge=1)
+    """The most rows in one pass (a request over it still runs, alone)."""
+    linger_ms: float = Field(default=5.0, ge=0, le=1000)
+    """How long a pass waits for a run of the last pass that has not sent its next request."""
+
+
 class ModelConfig(_Strict):
     model_id: str = "bundled://tiny-qwen3"
     max_loras: int = Field(default=4, ge=1)
@@ -31,6 +44,7 @@ class ModelConfig(_Strict):
     seed: int = 0
     remote_group: str = "model"
     """In ``mode: ray``, the device group whose workers hold the model."""
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
 
 
 class SamplerConfig(_Strict):

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from twinkle.server.errors import ApiError, NotFound, Timeout, as_api_error
-from twinkle.server.scheduler import FairWorker
+from twinkle.server.scheduler import Batchable, FairWorker
 from twinkle.server.store import FutureRecord, Store
 from twinkle.utils import get_logger
 
@@ -80,8 +80,10 @@ class FutureManager:
         fn: Callable[[], Any],
         idempotency_key: str | None,
         timeout: float | None,
+        batch: Batchable | None = None,
     ) -> str:
-        """Queue ``fn`` on ``worker``'s ``lane``; returns the future id (an old one on a retry)."""
+        """Queue ``fn`` on ``worker``'s ``lane`` (``batch``: as an item it may share a pass
+        with, see ``FairWorker``); returns the future id (an old one on a retry)."""
         with self._lock:
             if idempotency_key:
                 existing = self.store.future_by_idempotency_key(owner, idempotency_key)
@@ -97,7 +99,7 @@ class FutureManager:
                 idempotency_key=idempotency_key or None,
             )
             self.store.add_future(record)
-            future = worker.submit(lane, fn, timeout)
+            future = worker.submit(lane, fn, timeout, batch)
             self._live[future_id] = future
             while len(self._live) > self.keep:
                 self._live.popitem(last=False)

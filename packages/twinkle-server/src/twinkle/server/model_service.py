@@ -25,6 +25,7 @@ from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.checkpoint_recovery import pause_point
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
 from twinkle.processor import InputProcessor
+from twinkle.server import tenant_batches
 from twinkle.server.auth import Principal
 from twinkle.server.checkpoint_recovery import reconcile_checkpoints, run_folder_name
 from twinkle.server.checks import number
@@ -41,7 +42,7 @@ from twinkle.server.errors import (
 from twinkle.server.model_args import POSITIVE, check_lora_values
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.remote_api import method_spec, parameter_names, wire_methods
-from twinkle.server.scheduler import FairWorker
+from twinkle.server.scheduler import Batchable, FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
 from twinkle.server.wire import (
     check_allowed,
@@ -99,7 +100,13 @@ class ModelService:
         self.pad_token_id: int = self.model.pad_token_id()
         self.model_folder: str | None = self.model.model_folder()
         self.workers = group_size(config, mc.remote_group) if config.mode == "ray" else 1
-        self.worker = FairWorker("model")
+        batching = mc.batching
+        self.worker = FairWorker(
+            "model",
+            max_items=batching.max_tenants,
+            max_rows=batching.max_rows,
+            linger_s=batching.linger_ms / 1e3,
+        )
         self.live: dict[str, LiveRun] = {}
         store.deactivate_runs()  # no adapter survives a restart; checkpoints do
         reconcile_checkpoints(store, self.checkpoints)
@@ -264,13 +271,24 @@ class ModelService:
             raise NotFound(f"unknown model method {method!r}")
         try:
             return self.run_for(live, lambda: handler(principal, live, **args))
-        except ApiError:
-            raise
         except Exception as exc:
-            answer = as_api_error(exc)
-            if answer.category != "user":
-                raise
-            raise BadRequest(f"{method}: {answer.message}") from None
+            raise self.answer_error(method, exc) from None
+
+    @staticmethod
+    def answer_error(method: str, exc: Exception) -> Exception:
+        """What a request of ``method`` that raised ``exc`` answers: an ApiError as it is, a
+        user's mistake as a 400 naming the method, a server fault as itself."""
+        if isinstance(exc, ApiError):
+            return exc
+        answer = as_api_error(exc)
+        return BadRequest(f"{method}: {answer.message}") if answer.category == "user" else exc
+
+    def batchable(
+        self, principal: Principal, live: LiveRun, method: str, args: dict[str, Any]
+    ) -> Batchable | None:
+        """The request as an item of a pass shared with other runs (``tenant_batches``), or
+        None when it runs alone."""
+        return tenant_batches.batchable(self, principal, live, method, args)
 
     def run_for(self, live: LiveRun, fn: Callable[[], Any]) -> Any:
         """Runs on the worker: ``fn`` for a run still holding its slot (the Tinker routes'

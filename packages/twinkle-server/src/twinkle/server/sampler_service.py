@@ -6,8 +6,10 @@ the caller owns (``twinkle://<run>/weights/<name>``); its adapter is loaded into
 sampler once and kept in a small LRU cache of adapter slots (an evicted checkpoint's slot is
 reused, so the sampler never holds more than ``max_cached_adapters`` adapters, and a folder
 rewritten in place is loaded again). Sampling runs on its own worker, one lane per key, so
-samplers and trainers do not wait on each other. ``sample_tokens`` is the token-level entry
-of the Tinker routes.
+samplers and trainers do not wait on each other; keys' requests waiting together are
+sampled as one batch (``run_many``: the sampler's ``sample_many``, each row through its own
+checkpoint's adapter, each request from its own seed). ``sample_tokens`` is the token-level
+entry of the Tinker routes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import random
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from twinkle.server.config import ServerConfig
 from twinkle.server.errors import BadRequest, NotFound
 from twinkle.server.limits import check_num_samples
 from twinkle.server.sampling_params import check_sampling_values
-from twinkle.server.scheduler import FairWorker
+from twinkle.server.scheduler import Batchable, FairWorker
 from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
 from twinkle.utils import get_logger
 
@@ -61,7 +64,12 @@ class SamplerService:
         self.model_service = model_service
         self.sampler = sampler if sampler is not None else build_sampler(config)
         self.available = self.sampler is not None
-        self.worker = FairWorker("sampler")
+        # One batch of several keys' samples holds at most the adapters the cache keeps.
+        self.worker = FairWorker(
+            "sampler",
+            max_items=config.sampler.max_cached_adapters,
+            linger_s=config.model.batching.linger_ms / 1e3,
+        )
         # checkpoint folder -> (its weights' mtime, the sampler's adapter slot holding them)
         self._adapters: OrderedDict[str, tuple[int, str]] = OrderedDict()
         self._templates: dict[str, tuple[str, dict[str, Any]]] = {}  # key id -> template
@@ -71,7 +79,7 @@ class SamplerService:
 
     def set_template(self, principal: Principal, body: dict[str, Any]) -> None:
         """Record the caller's template; it is applied before each of the caller's samples
-        (the sampler holds one template, and the worker runs one request at a time)."""
+        (the sampler holds one template: a batch samples the requests of each in turn)."""
         name = check_allowed(body.get("template"), self.config.allow.templates, "template")
         kwargs = template_kwargs(body.get("kwargs"), name, self.config.model.model_id)
         self._templates[principal.key_id] = (name, kwargs)
@@ -100,14 +108,44 @@ class SamplerService:
             folder = self.model_service.owned_checkpoint(principal, body["adapter_uri"]).path
 
         template = self._templates.get(principal.key_id, DEFAULT_TEMPLATE)
+        return SampleJob(self, template, folder, batch, params, num_samples)
 
-        def work() -> Any:
-            responses = self._sample(template, folder, batch, params, num_samples)
-            per_prompt = [r.to_dict() for r in responses]
-            flat = [seq for r in per_prompt for seq in r["sequences"]]
-            return {"sequences": flat, "responses": per_prompt}
+    def batchable(self, job: SampleJob) -> Batchable | None:
+        """The job as an item of a batch shared with other keys' samples (``run_many``), or
+        None when batching is off or the sampler runs on Ray workers."""
+        if not self.config.model.batching.enabled or self.config.mode == "ray":
+            return None
+        return Batchable("sample", job, self.run_many, rows=len(job.batch))
 
-        return work
+    def run_many(self, jobs: list[SampleJob]) -> list[Any]:
+        """Several keys' samples as ``sample_many`` calls, one per template (the sampler
+        holds one at a time): each job's answer, or the error that refused it alone. A batch
+        holds at most ``max_cached_adapters`` jobs, so loading one's adapter never evicts
+        another's of the same batch."""
+        answers: dict[int, Any] = {}
+        by_template: list[tuple[tuple[str, dict[str, Any]], list[int]]] = []
+        for index, job in enumerate(jobs):
+            group = next((g for t, g in by_template if t == job.template), None)
+            if group is None:
+                by_template.append((job.template, group := []))
+            group.append(index)
+        for template, indices in by_template:
+            self._use_template(template)
+            ready = []
+            for index in indices:
+                job = jobs[index]
+                try:
+                    adapter = self._adapter(job.folder) if job.folder is not None else BASE_MODEL
+                except Exception as exc:  # noqa: BLE001 - this job's answer
+                    answers[index] = exc
+                    continue
+                ready.append(
+                    (index, SampleRequest(job.batch, job.params, adapter, job.num_samples))
+                )
+            outcomes = self.sampler.sample_many([request for _, request in ready])
+            for (index, _), outcome in zip(ready, outcomes, strict=True):
+                answers[index] = outcome if isinstance(outcome, Exception) else answer(outcome)
+        return [answers[index] for index in range(len(jobs))]
 
     def next_seed(self, key_id: str) -> int:
         """The seed of a call that names none, from the key's own generator (seeded by the
@@ -158,10 +196,7 @@ class SamplerService:
         num_samples: int | None,
         on_token: Callable[[int, int, Any], None] | None = None,
     ) -> list[SampleResponse]:
-        if template != self._current_template:
-            name, kwargs = template
-            self.sampler.set_template(name, **kwargs)
-            self._current_template = template
+        self._use_template(template)
         # The base model explicitly: with adapters loaded, None would pick one of them.
         adapter = self._adapter(folder) if folder is not None else BASE_MODEL
         if on_token is None or not self.streams_tokens:
@@ -171,6 +206,12 @@ class SamplerService:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    def _use_template(self, template: tuple[str, dict[str, Any]]) -> None:
+        if template != self._current_template:
+            name, kwargs = template
+            self.sampler.set_template(name, **kwargs)
+            self._current_template = template
 
     def _adapter(self, folder: str) -> str:
         """The sampler's name for a checkpoint's adapter, loading it on first use (and again
@@ -202,3 +243,29 @@ class SamplerService:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+def answer(responses: list[SampleResponse]) -> dict[str, Any]:
+    """A sample request's JSON result: every sequence, and the responses per prompt."""
+    per_prompt = [r.to_dict() for r in responses]
+    flat = [seq for r in per_prompt for seq in r["sequences"]]
+    return {"sequences": flat, "responses": per_prompt}
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    """A checked ``/twinkle/sampler/sample`` request: called, it samples alone on the
+    worker; as a ``Batchable`` item it shares ``SamplerService.run_many`` with others."""
+
+    service: SamplerService
+    template: tuple[str, Any]
+    folder: str | None
+    batch: list
+    params: SamplingParams
+    num_samples: int | None
+
+    def __call__(self) -> dict[str, Any]:
+        responses = self.service._sample(
+            self.template, self.folder, self.batch, self.params, self.num_samples
+        )
+        return answer(responses)

@@ -28,13 +28,17 @@ from twinkle.server.routes.common import (
 router = APIRouter()
 
 
-async def _run_work(request: Request, principal, operation: str, worker, lane: str, fn) -> Any:
+async def _run_work(
+    request: Request, principal, operation: str, worker, lane: str, fn, batch=None
+) -> Any:
     """Queue ``fn`` and answer with its result; ``compute_ms`` is the time it ran on the
     worker (absent for a retry answered from the first request's work), so a client can
-    tell the service's overhead and queueing from the work itself."""
+    tell the service's overhead and queueing from the work itself. With ``batch`` (a
+    ``scheduler.Batchable``) the work may share a pass with other runs': ``compute_ms`` is
+    then the pass's time and ``pass_size`` how many requests it ran."""
     state = state_of(request)
     timeout = state.config.limits.request_timeout_s
-    timing: dict[str, float] = {}
+    timing: dict[str, float] = {} if batch is None else batch.timing
 
     def timed() -> Any:
         start = time.perf_counter()
@@ -44,7 +48,7 @@ async def _run_work(request: Request, principal, operation: str, worker, lane: s
             timing["compute_ms"] = (time.perf_counter() - start) * 1e3
 
     future_id = state.futures.submit(
-        principal.key_id, operation, worker, lane, timed, idempotency_key(request), timeout
+        principal.key_id, operation, worker, lane, timed, idempotency_key(request), timeout, batch
     )
     result = await state.futures.wait(principal.key_id, future_id, timeout)
     return {"result": result, "request_id": future_id, **timing}
@@ -115,6 +119,7 @@ async def model_method(method: str, request: Request) -> dict:
         state.model.worker,
         live.run.id,
         lambda: state.model.call(principal, live, method, args),
+        state.model.batchable(principal, live, method, args),
     )
 
 
@@ -127,7 +132,13 @@ async def sample(request: Request) -> dict:
     body = await json_body(request)
     job = state.sampler.prepare(principal, body)
     return await _run_work(
-        request, principal, "sample", state.sampler.worker, principal.key_id, job
+        request,
+        principal,
+        "sample",
+        state.sampler.worker,
+        principal.key_id,
+        job,
+        state.sampler.batchable(job),
     )
 
 

@@ -1,0 +1,141 @@
+"""Runs' forward_backward requests over HTTP share one pass; a bad one fails alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from twinkle.server.app import create_app
+from twinkle.server.auth import create_key
+from twinkle.server.config import ServerConfig
+from twinkle.server.state import build_state
+
+VOCAB = 3909  # the bundled tiny-qwen3's embedding rows
+SAMPLE = "/twinkle/sampler/sample"
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, make_tenant):
+    config = {
+        "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 4, "device": "cpu"},
+        "sampler": {"enabled": False},
+        "storage": {"home": str(tmp_path_factory.mktemp("home"))},
+    }
+    state = build_state(ServerConfig.model_validate(config))
+    keys = [create_key(state.store, name)[0] for name in ("alice", "bob", "carol")]
+    with TestClient(create_app(state), raise_server_exceptions=False) as http:
+        tenants = [make_tenant(http, key) for key in keys]
+        yield state, tenants, [tenant.new_run() for tenant in tenants]
+    state.close()
+
+
+def _concurrently(state, calls) -> list:
+    """Send every call while the model's worker is held, so they queue together."""
+    return _concurrently_on(state.model.worker, calls)
+
+
+def _concurrently_on(worker, calls) -> list:
+    gate = threading.Event()
+    worker.submit("hold", gate.wait)
+    answers = [None] * len(calls)
+
+    def send(i, call):
+        answers[i] = call()
+
+    threads = [threading.Thread(target=send, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while worker.pending() < len(calls) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    return answers
+
+
+def test_runs_share_a_pass_and_one_runs_bad_rows_fail_its_request_alone(service, feature):
+    state, tenants, runs = service
+    good = [feature, {"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}]
+    bad = [{"input_ids": [1, VOCAB + 7, 3], "labels": [-100, 2, 3]}]
+    inputs = [good, bad, good[:1]]
+    answers = _concurrently(
+        state,
+        [
+            lambda t=t, r=r, i=i: t.call(r, "forward_backward", inputs=i)
+            for t, r, i in zip(tenants, runs, inputs, strict=True)
+        ],
+    )
+    first, refused, third = answers
+    assert first.status_code == 200 and third.status_code == 200, (first.text, third.text)
+    assert first.json()["pass_size"] == third.json()["pass_size"] == 3
+    assert refused.status_code == 400
+    assert "forward_backward" in refused.json()["error"] and str(VOCAB) in refused.json()["error"]
+    # The same requests alone (no step between: the adapters are unchanged) give the same.
+    for index, batch, shared in ((0, good, first), (2, good[:1], third)):
+        tenant, run = tenants[index], runs[index]
+        alone = tenant.ok(run, "forward_backward", inputs=batch)
+        assert alone["loss"] == pytest.approx(shared.json()["result"]["loss"], rel=1e-6)
+        assert alone["num_tokens"] == shared.json()["result"]["num_tokens"]
+    # The refused run trains on as normal afterwards.
+    after = tenants[1].ok(runs[1], "forward_backward", inputs=good)
+    assert after["num_tokens"] == first.json()["result"]["num_tokens"]
+
+
+def test_a_call_with_micro_batch_size_runs_alone(service, feature):
+    state, tenants, runs = service
+    answers = _concurrently(
+        state,
+        [
+            lambda: tenants[0].call(runs[0], "forward_backward", inputs=[feature]),
+            lambda: tenants[1].call(
+                runs[1], "forward_backward", inputs=[feature], micro_batch_size=1
+            ),
+        ],
+    )
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert all("pass_size" not in a.json() for a in answers)
+
+
+def test_keys_samples_from_their_checkpoints_share_one_batch(tmp_path, make_tenant, feature):
+    config = {
+        "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 4, "device": "cpu"},
+        "sampler": {"enabled": True, "kind": "torch"},
+        "storage": {"home": str(tmp_path)},
+    }
+    state = build_state(ServerConfig.model_validate(config))
+    keys = [create_key(state.store, name)[0] for name in ("alice", "bob")]
+    try:
+        with TestClient(create_app(state), raise_server_exceptions=False) as http:
+            tenants = [make_tenant(http, key) for key in keys]
+            uris = []
+            for i, tenant in enumerate(tenants):  # two different adapters: a step apart
+                run = tenant.new_run()
+                tenant.ok(run, "set_optimizer", optimizer_cls="AdamW", lr=0.05 * (i + 1))
+                tenant.ok(run, "forward_backward", inputs=[feature])
+                tenant.ok(run, "step")
+                uris.append(tenant.ok(run, "save", name="s"))
+            bodies = [
+                {
+                    "inputs": [{"input_ids": [1, 2, 3, 4]}, {"input_ids": [5, 6]}],
+                    "sampling_params": {"max_tokens": 5, "seed": 7 + i},
+                    "adapter_uri": uri,
+                }
+                for i, uri in enumerate(uris)
+            ]
+            together = _concurrently_on(
+                state.sampler.worker,
+                [lambda t=t, b=b: t.post(SAMPLE, b) for t, b in zip(tenants, bodies, strict=True)],
+            )
+            alone = [t.post(SAMPLE, b) for t, b in zip(tenants, bodies, strict=True)]
+    finally:
+        state.close()
+    for shared, single in zip(together, alone, strict=True):
+        assert shared.status_code == 200 and single.status_code == 200, shared.text
+        assert shared.json()["pass_size"] == 2 and "pass_size" not in single.json()
+        tokens = [[s["tokens"] for s in r.json()["result"]["sequences"]] for r in (shared, single)]
+        assert tokens[0] == tokens[1]
+    assert together[0].json()["result"] != together[1].json()["result"]
