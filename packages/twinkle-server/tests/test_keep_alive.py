@@ -120,7 +120,9 @@ def test_refusals_and_a_server_fault_leave_the_connection_open(tmp_path):
             response = send()
             assert response.status_code == status, response.text
             if status == 500:
-                assert response.json() == {
+                body = response.json()
+                assert body.pop("request_id") == response.headers["x-request-id"]
+                assert body == {
                     "error": "internal server error",
                     "category": "server",
                     "code": "internal",
