@@ -101,7 +101,7 @@ def test_one_checkpoint_answers_its_folder_to_its_owner_only(tenants, alice_run)
     _assert_json_error(alice.get(f"/training_runs/{run}/checkpoints/bogus/first"), 400)
     downloads = alice.get(f"/training_runs/{run}/checkpoints/weights/first/external_weights_urls")
     _assert_json_error(downloads, 400)
-    assert "no download URLs" in downloads.json()["error"]
+    assert "is not external weights" in downloads.json()["error"]
     _assert_json_error(alice.post("/weights_info", {}), 400)
     info = alice.post("/weights_info", {"twinkle_path": uri}).json()
     assert (info["is_lora"], info["lora_rank"]) == (True, 4)

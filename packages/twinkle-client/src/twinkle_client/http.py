@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -70,17 +70,45 @@ class Transport:
             if response.status_code in RETRY_STATUSES and not last:
                 time.sleep(_retry_after(response) or self.backoff * 2**attempt)
                 continue
-            try:
-                payload = response.json()
-            except ValueError:
-                payload = {"error": response.text[:200]}
+            payload = _json_or_text(response)
             if response.status_code >= 400:
                 raise from_response(response.status_code, payload)
             return payload
         raise AssertionError("unreachable")
 
+    def download(self, path: str, target: BinaryIO, chunk: int = 1024 * 1024) -> None:
+        """GET a route's bytes into ``target``, following its redirect (a signed link); a
+        4xx or 5xx raises the typed error before anything is written."""
+        url = f"{self.base_url}/api/v1{path}"
+        with self._http.stream("GET", url, headers=self._headers, follow_redirects=True) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                raise from_response(answer.status_code, _json_or_text(answer))
+            for block in answer.iter_bytes(chunk):
+                target.write(block)
+
+    def upload(self, path: str, content: bytes, params: dict[str, Any], media_type: str) -> Any:
+        """POST raw bytes (an archive) once; the answer's JSON."""
+        headers = {**self._headers, "X-Idempotency-Key": uuid.uuid4().hex}
+        headers["Content-Type"] = media_type
+        url = f"{self.base_url}/api/v1{path}"
+        try:
+            answer = self._http.post(url, content=content, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            raise ConnectionFailed(f"cannot reach {self.base_url}: {exc}") from exc
+        if answer.status_code >= 400:
+            raise from_response(answer.status_code, _json_or_text(answer))
+        return answer.json()
+
     def close(self) -> None:
         self._http.close()
+
+
+def _json_or_text(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"error": response.text[:200]}
 
 
 def _retry_after(response: httpx.Response) -> float | None:

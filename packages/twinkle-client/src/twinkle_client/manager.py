@@ -17,6 +17,7 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
+from twinkle_client import checkpoints_io
 from twinkle_client._keywords import keywords
 from twinkle_client.errors import NotFoundError, SessionFinishedError, TwinkleClientError
 from twinkle_client.http import Transport
@@ -240,6 +241,43 @@ class TwinkleClient:
         """What a checkpoint holds: ``base_model``, ``is_lora``, ``lora_rank``, ``lora_config``."""
         body = self.transport.request("POST", "/weights_info", {"twinkle_path": twinkle_path})
         return WeightsInfo.model_validate(body)
+
+    # ---- checkpoints in and out (twinkle:// or tinker:// paths) ---------------------------
+
+    def download_checkpoint(self, path: str, output_dir: str | os.PathLike) -> str:
+        """Download a checkpoint (yours, or one published) as a plain peft adapter folder:
+        ``PeftModel.from_pretrained(base_model, output_dir)`` loads it. Returns the folder."""
+        return str(checkpoints_io.download(self.transport, path, output_dir))
+
+    def publish_checkpoint(self, path: str) -> None:
+        """Let every key read (load, sample, download) this checkpoint of yours by its path."""
+        self.transport.request("POST", f"{checkpoints_io.checkpoint_route(path)}/publish")
+
+    def unpublish_checkpoint(self, path: str) -> None:
+        self.transport.request("DELETE", f"{checkpoints_io.checkpoint_route(path)}/publish")
+
+    def set_checkpoint_ttl(self, path: str, ttl_seconds: int | None) -> str | None:
+        """Delete the checkpoint ``ttl_seconds`` from now (None: keep it); returns when, ISO."""
+        route = f"{checkpoints_io.checkpoint_route(path)}/ttl"
+        body = checkpoints_io.ttl_body(ttl_seconds)
+        return self.transport.request("PUT", route, body)["expires_at"]
+
+    def import_adapter(self, folder: str | os.PathLike, name: str) -> dict[str, Any]:
+        """Upload a peft LoRA adapter folder as the checkpoint ``weights/<name>`` of a new
+        run of yours. Returns its ``twinkle_path``/``tinker_path`` and the ``lora_config`` to
+        add an adapter with before ``model.load(twinkle_path)`` (a Tinker client starts from
+        it with ``create_training_client_from_state(tinker_path)``)."""
+        archive = checkpoints_io.pack(folder)
+        params = {"name": name}
+        return self.transport.upload("/checkpoints/import", archive, params, "application/gzip")
+
+    def push_checkpoint_to_hub(
+        self, path: str, repo_id: str, *, token: str | None = None, private: bool = True
+    ) -> dict[str, Any]:
+        """Push a checkpoint's peft folder to the hub repo ``repo_id`` (created if missing)
+        from the server, with ``token`` (used for this push only, never stored)."""
+        body = {"repo_id": repo_id, "token": token, "private": private}
+        return self.transport.request("POST", f"{checkpoints_io.checkpoint_route(path)}/push", body)
 
 
 def _route_prefix(prefix: Any) -> str:

@@ -5,12 +5,16 @@ The code is version-neutral on purpose: the dev environment runs it with the cur
 with ``tinker==0.16.1`` (JSON everywhere, a separate ``/forward`` route, create-from-state
 through weights_info + create_model + load_weights). SDK 0.16.1 returns clients where 0.38
 returns futures of them, only 0.38 has ``ServiceClient.close`` and a standalone
-``RestClient``; the code bridges exactly those three differences and nothing else.
+``RestClient``, and 0.16.1 downloads a checkpoint as an archive URL where 0.38 exports
+external weights; the code bridges exactly those four differences and nothing else.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+import urllib.request
 
 import numpy as np
 import pytest
@@ -136,6 +140,46 @@ def test_rest_client_lists_the_run_and_its_checkpoint(tinker_server, service, sl
     assert run_id in [r.training_run_id for r in runs]
     checkpoints = rest.list_checkpoints(run_id).result(TIMEOUT_S).checkpoints
     assert sl_run["path"] in [c.tinker_path for c in checkpoints]
+
+
+def _download(tinker_server, service, sl_run, folder) -> None:
+    """The run's checkpoint as a peft folder, the way each SDK gets one: 0.16.1 asks for the
+    checkpoint's archive URL, 0.38 exports external weights and fetches each file's URL."""
+    rest = _rest(tinker_server, service)
+    folder.mkdir()
+    if hasattr(rest, "get_checkpoint_archive_url_from_tinker_path"):
+        url = rest.get_checkpoint_archive_url_from_tinker_path(sl_run["path"]).result(TIMEOUT_S)
+        with urllib.request.urlopen(url.url) as answer:
+            data = answer.read()
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar.getmembers():
+                (folder / member.name).write_bytes(tar.extractfile(member).read())
+        return
+    export = sl_run["training"].save_weights_external("legacy-export").result(TIMEOUT_S).path
+    for name, url in rest.get_external_weights_urls(export).result(TIMEOUT_S).urls.items():
+        urllib.request.urlretrieve(url, str(folder / name))
+
+
+def test_a_downloaded_checkpoint_loads_in_peft_with_the_trainers_logprobs(
+    tinker_server, service, sl_run, base_model, tmp_path
+):
+    import torch
+    from peft import PeftModel
+
+    from twinkle.model.transformers.loading import load_causal_lm
+
+    _download(tinker_server, service, sl_run, tmp_path / "adapter")
+    base, _ = load_causal_lm(base_model, None, None, seed=0)
+    model = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    datum = sl_run["data"][0]
+    ids = torch.tensor([datum.model_input.to_ints()])
+    targets = torch.tensor(datum.loss_fn_inputs["target_tokens"].tolist())
+    with torch.no_grad():
+        logps = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0]
+    peft_logprobs = logps.gather(-1, targets[:, None])[:, 0].numpy()
+    trainer = sl_run["training"].forward([datum], "cross_entropy").result(TIMEOUT_S)
+    expected = trainer.loss_fn_outputs[0]["logprobs"].tolist()
+    np.testing.assert_allclose(peft_logprobs, expected, atol=LOGPROB_ATOL)
 
 
 def test_rl_step_sample_importance_sampling_ppo_and_sync(sl_run):

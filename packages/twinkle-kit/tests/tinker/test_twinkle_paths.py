@@ -126,9 +126,12 @@ def test_rest_calls_take_a_twinkle_path(saved):
     assert parsed.tinker_path == saved["state"] and parsed.checkpoint_id == "weights/tw-state"
 
     extra = saved["training"].save_state("tw-doomed").result(TIMEOUT_S).path
-    # The server's own answer (it keeps no TTLs): the twinkle:// path got past the SDK.
-    with pytest.raises(tinker.BadRequestError, match="does not publish checkpoints or expire"):
-        rest.set_checkpoint_ttl_from_tinker_path(_twinkle(extra), 3600).result(TIMEOUT_S)
+    # The server's own answer: the twinkle:// path got past the SDK to the TTL route.
+    with pytest.raises(tinker.BadRequestError, match="limits.max_checkpoint_ttl_s"):
+        rest.set_checkpoint_ttl_from_tinker_path(_twinkle(extra), -1).result(TIMEOUT_S)
+    rest.set_checkpoint_ttl_from_tinker_path(_twinkle(extra), 3600).result(TIMEOUT_S)
+    listed = rest.list_checkpoints(run.training_run_id).result(TIMEOUT_S).checkpoints
+    assert [c.expires_at is not None for c in listed if c.tinker_path == extra] == [True]
     rest.delete_checkpoint_from_tinker_path(_twinkle(extra)).result(TIMEOUT_S)
     listed = rest.list_checkpoints(run.training_run_id).result(TIMEOUT_S).checkpoints
     paths = [checkpoint.tinker_path for checkpoint in listed]

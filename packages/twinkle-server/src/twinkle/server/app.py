@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from twinkle.server.checkpoint_access import reap_expired
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import ApiError, as_api_error
 from twinkle.server.limits import BodyLimit
@@ -152,3 +153,7 @@ async def _reap(state: ServerState) -> None:
             await asyncio.to_thread(state.reap_sessions)
         except Exception:
             logger.exception("reaping expired sessions failed")
+        try:
+            await asyncio.to_thread(reap_expired, state.store)
+        except Exception:
+            logger.exception("deleting expired checkpoints failed")

@@ -16,7 +16,7 @@ NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_-]{0,127}$")
 """Run ids look like ``sess-<hex>:train:<n>``, the scheme the Tinker SDK derives itself."""
 SCHEME = "twinkle://"
-KINDS = ("weights", "sampler_weights")
+KINDS = ("weights", "sampler_weights", "external_weights")
 
 
 def check_name(name: object, what: str = "checkpoint name") -> str:

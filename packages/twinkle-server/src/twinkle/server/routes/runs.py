@@ -6,22 +6,21 @@ cannot be probed.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
 
+from twinkle.server.checkpoint_access import iso, live, readable
 from twinkle.server.errors import BadRequest, NotFound
 from twinkle.server.names import CheckpointUri, parse_uri
+from twinkle.server.routes import checkpoints_io
 from twinkle.server.routes.common import caller, json_body, ready, state_of
 from twinkle.server.store import CheckpointRecord, TrainingRun
 
 router = APIRouter()
-TYPES = {"weights": "training", "sampler_weights": "sampler"}
-
-
-def _iso(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat()
+# First: the ``{checkpoint_id:path}`` routes below would take its /archive, /ttl, /publish.
+router.include_router(checkpoints_io.router)
+TYPES = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 
 
 def checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
@@ -29,17 +28,18 @@ def checkpoint_json(record: CheckpointRecord) -> dict[str, Any]:
     return {
         "checkpoint_id": uri.checkpoint_id,
         "checkpoint_type": TYPES[record.kind],
-        "time": _iso(record.created_at),
+        "time": iso(record.created_at),
         "twinkle_path": str(uri),
         "tinker_path": str(uri).replace("twinkle://", "tinker://", 1),
         "size_bytes": record.size_bytes,
         "has_optimizer": record.has_optimizer,
-        "public": False,
+        "public": record.public,
+        "expires_at": iso(record.expires_at),
     }
 
 
 def run_json(state, run: TrainingRun) -> dict[str, Any]:
-    checkpoints = state.store.list_checkpoints(run.owner, run.id)
+    checkpoints = _live(state.store.list_checkpoints(run.owner, run.id))
     weights = [c for c in checkpoints if c.kind == "weights"]
     sampler = [c for c in checkpoints if c.kind == "sampler_weights"]
     return {
@@ -52,7 +52,7 @@ def run_json(state, run: TrainingRun) -> dict[str, Any]:
         "lora_config": run.lora_config,
         "active": run.active and state.model is not None and run.id in state.model.live,
         "corrupted": False,
-        "last_request_time": _iso(run.last_request_time),
+        "last_request_time": iso(run.last_request_time),
         "last_checkpoint": checkpoint_json(weights[-1]) if weights else None,
         "last_sampler_checkpoint": checkpoint_json(sampler[-1]) if sampler else None,
         "user_metadata": run.user_metadata,
@@ -98,38 +98,20 @@ async def list_run_checkpoints(run_id: str, request: Request) -> dict:
     state = state_of(request)
     if state.store.get_run(principal.key_id, run_id) is None:
         raise NotFound(f"no training run {run_id!r}")
-    records = state.store.list_checkpoints(principal.key_id, run_id)
+    records = _live(state.store.list_checkpoints(principal.key_id, run_id))
     return {"checkpoints": [checkpoint_json(r) for r in records]}
 
 
 @router.get("/checkpoints")
 async def list_all_checkpoints(request: Request) -> dict:
     principal = caller(request)
-    records = state_of(request).store.list_checkpoints(principal.key_id)
+    records = _live(state_of(request).store.list_checkpoints(principal.key_id))
     return {"checkpoints": [checkpoint_json(r) for r in records]}
 
 
-@router.post("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
-@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/publish")
-@router.put("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/ttl")
-async def not_offered(run_id: str, checkpoint_id: str, request: Request) -> dict:
-    """Tinker's publish/unpublish and checkpoint TTLs: refused plainly, never ignored."""
-    caller(request)
-    raise BadRequest(
-        "this server does not publish checkpoints or expire them: checkpoints stay private "
-        "to their key until deleted (DELETE the checkpoint to remove it)"
-    )
-
-
-@router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}/external_weights_urls")
-async def no_download_urls(run_id: str, checkpoint_id: str, request: Request) -> dict:
-    """Tinker's signed download URLs: refused plainly (the route below would read the suffix
-    as part of the checkpoint id)."""
-    caller(request)
-    raise BadRequest(
-        "this server gives no download URLs: a checkpoint's files stay on the server (GET "
-        "the checkpoint for its folder) and load by their twinkle:// or tinker:// path"
-    )
+def _live(records: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    """Expired checkpoints read as gone at once (the reaper deletes them soon after)."""
+    return [r for r in records if live(r) is not None]
 
 
 @router.get("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
@@ -139,7 +121,7 @@ async def get_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> d
     principal = caller(request)
     state = state_of(request)
     uri = parse_uri(f"twinkle://{run_id}/{checkpoint_id}")
-    record = state.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
+    record = live(state.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name))
     if record is None:
         raise NotFound(f"no checkpoint {uri}")
     return {**checkpoint_json(record), "path": record.path}
@@ -161,11 +143,10 @@ async def weights_info(request: Request) -> dict:
     path = body.get("twinkle_path") or body.get("tinker_path")
     if path is None:
         raise BadRequest("the request needs 'twinkle_path' (twinkle://<run>/weights/<name>)")
-    uri = parse_uri(path)
-    record = state.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
-    run = state.store.get_run(principal.key_id, uri.run_id)
-    if record is None or run is None:
-        raise NotFound(f"no checkpoint {uri}")
+    record = readable(state.store, principal, path)  # the caller's, or published
+    run = state.store.get_run(record.owner, record.run_id)
+    if run is None:
+        raise NotFound(f"no checkpoint {path}")
     targets = run.lora_config.get("target_modules")
     targets = set([targets] if isinstance(targets, str) else targets or [])
     everything = "all-linear" in targets

@@ -6,11 +6,11 @@ keys and training runs.
 
 from fastapi import APIRouter
 
-from twinkle.server.tinker import client, futures_route, training
+from twinkle.server.tinker import client, futures_route, training, weights
 from twinkle.server.tinker.sampling import sampling_router
 
 router = APIRouter()
-for _module in (client, futures_route, training):
+for _module in (client, futures_route, training, weights):
     router.include_router(_module.router)
 router.include_router(sampling_router)
 

@@ -17,6 +17,7 @@ model is in this process (``mode: embedded``) or on a Ray group (``mode: ray``/`
 
 from __future__ import annotations
 
+import math
 import shutil
 from typing import Any
 
@@ -145,7 +146,10 @@ def save_ephemeral(service: Any, principal: Any, live: Any, sampling_seq: int) -
 
 
 def optim_step(service: Any, adapter: str, params: dict[str, float]) -> dict[str, float]:
-    """One AdamW step on the summed gradients (see the module docstring)."""
+    """One AdamW step on the summed gradients (see the module docstring); returns what the
+    step did, as floats: the learning rate it applied, and the
+    gradient's global norm before clipping and after (the same when it was not clipped:
+    ``grad_clip_norm`` 0 measures the norm without clipping)."""
     clip = params["grad_clip_norm"]
     norm = service.model.step_with(
         adapter_name=adapter,
@@ -155,7 +159,12 @@ def optim_step(service: Any, adapter: str, params: dict[str, float]) -> dict[str
             "eps": params["eps"],
             "weight_decay": params["weight_decay"],
         },
-        max_grad_norm=clip if clip > 0 else None,
+        max_grad_norm=clip if clip > 0 else math.inf,
         normalise=False,
     )
-    return {} if norm is None else {"grad_norm:mean": float(norm)}
+    clipped = min(norm, clip) if clip > 0 else norm
+    return {
+        "learning_rate:mean": params["learning_rate"],
+        "grad_norm:mean": float(norm),
+        "grad_norm_clipped:mean": float(clipped),
+    }

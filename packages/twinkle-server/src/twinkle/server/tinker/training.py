@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from peft import LoraConfig
 
+from twinkle.server import checkpoint_access
 from twinkle.server.errors import BadRequest, Conflict, NotFound
 from twinkle.server.names import CheckpointUri, check_name, parse_uri
 from twinkle.server.routes.common import caller, field, json_body, ready, state_of
@@ -215,16 +216,17 @@ async def save_weights(request: Request) -> dict:
 
     async def prepare() -> tuple:
         live = state.model.live_run(principal, field(body, "model_id", str))
-        return live, check_name(field(body, "path", str))
+        return live, check_name(field(body, "path", str)), ttl_of(state, body)
 
-    live, name = await checked(request, body.get("model_id"), seq_id, prepare)
+    live, name, ttl = await checked(request, body.get("model_id"), seq_id, prepare)
     overwrite = bool(body.get("overwrite", False))
 
     def work() -> dict:
         taken = state.store.get_checkpoint(principal.key_id, live.run.id, "weights", name)
-        if taken is not None and not overwrite:
+        if checkpoint_access.live(taken) is not None and not overwrite:
             raise Conflict(f"checkpoint weights/{name} exists; pick another name or overwrite")
         uri = parse_uri(state.model._save(principal, live, name, True, None, overwrite))
+        expire(state, principal, uri, ttl)
         return {"type": "save_weights", "path": tinker_path(uri)}
 
     return submit_ordered(request, principal, live, seq_id, "save_weights", work)
@@ -240,23 +242,24 @@ async def save_weights_for_sampler(request: Request) -> dict:
         live = state.model.live_run(principal, field(body, "model_id", str))
         name = body.get("path")
         if name is not None:
-            return live, check_name(name), None
+            return live, check_name(name), ttl_of(state, body)
         if state.sampler is None or not state.sampler.available:
             raise BadRequest(
                 "this server has no sampler enabled: it cannot serve a sampling client"
             )
         return live, None, field(body, "sampling_session_seq_id", int)
 
-    live, name, sampling_seq = await checked(request, body.get("model_id"), seq_id, prepare)
+    live, name, ttl_or_seq = await checked(request, body.get("model_id"), seq_id, prepare)
 
     def named() -> dict:
         path = state.model._save(principal, live, name, False, None, True, "sampler_weights")
+        expire(state, principal, parse_uri(path), ttl_or_seq)
         return {"type": "save_weights_for_sampler", "path": tinker_path(parse_uri(path))}
 
     def ephemeral() -> dict:
-        folder = model_ops.save_ephemeral(state.model, principal, live, sampling_seq)
+        folder = model_ops.save_ephemeral(state.model, principal, live, ttl_or_seq)
         sampler_id = state.tinker.sampling.register(
-            principal, live.run.session_id, sampling_seq, folder
+            principal, live.run.session_id, ttl_or_seq, folder
         )
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
@@ -298,8 +301,8 @@ def _create_from_checkpoint(
     session, run_id, resubmitted = _new_model(state, principal, body)
     if resubmitted is not None:
         return resubmitted
-    record = state.model.owned_checkpoint(principal, path)
-    source = state.store.get_run(principal.key_id, record.run_id)
+    record = state.model.owned_checkpoint(principal, path)  # the caller's, or published
+    source = state.store.get_run(record.owner, record.run_id)
     if source is None:
         raise NotFound(f"no training run {record.run_id!r} for checkpoint {path}")
     _check_base_model(state, field(body, "base_model", str, None))
@@ -315,6 +318,22 @@ def _create_from_checkpoint(
     answer = submit_unordered(request, principal, run_id, "load_weights", create_and_load)
     state.tinker.ordering.open(run_id, answer["request_id"])
     return {**answer, "model_id": run_id}
+
+
+def ttl_of(state: Any, body: dict[str, Any]) -> int | None:
+    """A save's ``ttl_seconds``, checked before the save is queued (None: kept for good)."""
+    ttl = body.get("ttl_seconds")
+    if ttl is not None:
+        checkpoint_access.expiry(ttl, state.config.limits.max_checkpoint_ttl_s)
+    return ttl
+
+
+def expire(state: Any, principal: Any, uri: CheckpointUri, ttl: int | None) -> None:
+    """Give a just-saved checkpoint its TTL (from when it was saved); none clears an old one."""
+    expires_at = None
+    if ttl is not None:
+        expires_at = checkpoint_access.expiry(ttl, state.config.limits.max_checkpoint_ttl_s)
+    state.store.set_checkpoint_expiry(principal.key_id, uri.run_id, uri.kind, uri.name, expires_at)
 
 
 def tokenizer_id(base_model: str, folder: str | None) -> str:
