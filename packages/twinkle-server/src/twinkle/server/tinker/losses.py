@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from twinkle.loss import Loss
+from twinkle.loss import Loss, clipped_objective
 from twinkle.loss.fields import count_label_tokens, label_mask, outputs_device, token_labels
 from twinkle.loss.logps import token_logps
 from twinkle.server.errors import BadRequest
@@ -147,11 +147,13 @@ class _Clipped(TinkerLoss):
 
 
 class PPO(_Clipped):
+    """PPOLoss's surrogate (``twinkle.loss.clipped_objective``) with Tinker's thresholds."""
+
     name = "ppo"
 
     def per_token(self, logps, values):
-        ratio, advantages = _ratio(logps, values), values["advantages"]
-        return -torch.minimum(ratio * advantages, self._clipped(ratio) * advantages)
+        low, high = self.config["clip_low_threshold"], self.config["clip_high_threshold"]
+        return -clipped_objective(_ratio(logps, values), values["advantages"], low, high)
 
 
 class CISPO(_Clipped):
