@@ -173,11 +173,13 @@ def _run_benchmarks(
 
 @nox.session(name="bench-data", default=False)
 def bench_data(session: nox.Session) -> None:
-    """Encode throughput, packing efficiency and DataLoader resume cost."""
+    """Encode throughput (the bundled format and every family's), packing efficiency and
+    DataLoader resume cost."""
     _run_benchmarks(
         session,
         "twinkle-data",
         "bench_data_encode.py",
+        "bench_data_families.py",
         "bench_data_packing.py",
         "bench_data_resume.py",
     )

@@ -1,0 +1,130 @@
+"""Encode throughput of the generic Template on every bundled family's chat template
+against ``tokenizer.apply_chat_template`` on the same rows.
+
+The families' templates have no ``{% generation %}`` blocks (as models ship them), so
+Template finds each trained reply by rendering the conversation up to it and through it
+(at most two renders per trained turn). The baseline is ``apply_chat_template(messages,
+return_dict=True, return_assistant_tokens_mask=True)`` per row; only a template with
+generation blocks gives it a mask, so for the Qwen3 format the baseline runs the bundled
+template (which has them) while Template runs a copy without them, and the labels are
+compared token for token (the run fails on any difference). For the other families the
+baseline's mask is empty and the row shows throughput only (their labels are checked
+token by token in tests/test_template_families.py). Target: Template >= 0.8x.
+
+Rows: bench_data_encode's synthetic conversations (1-3 turns, every other with a system
+prompt; Gemma folds it into the first user turn, as its template does), all
+assistant turns trained (``train_turns='all'``) and the last only (``'last'``); Qwen3.5's
+and Mistral's templates rewrite earlier turns (reasoning dropped; the system prompt moved
+to the last user turn), so they run 'last' only. Medians of ``--runs``
+interleaved runs, rows per CPU-second of this process.
+
+    .venv/bin/python benchmarks/bench_data_families.py [--runs 5] [--rows 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench_data_encode import synthetic_rows
+from provenance import commit
+
+from twinkle.template import Template
+
+FAMILIES = [
+    "tiny-qwen3",
+    "tiny-qwen2.5",
+    "tiny-qwen3.5",
+    "tiny-llama3",
+    "tiny-mistral",
+    "tiny-gemma3",
+    "tiny-deepseek-v3",
+    "tiny-glm4.5",
+    "tiny-phi4",
+]
+REWRITES_HISTORY = {"tiny-qwen3.5", "tiny-mistral"}  # reasoning; the system prompt
+TARGET = 0.8
+
+
+def baseline(tokenizer: Any, data: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for row in data:
+        encoded = tokenizer.apply_chat_template(
+            row["messages"], return_dict=True, return_assistant_tokens_mask=True
+        )
+        ids, mask = encoded["input_ids"], encoded["assistant_masks"]
+        out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
+    return out
+
+
+def ours(template: Template, data: list[dict[str, Any]], turns: str) -> list[tuple[list, list]]:
+    features = template.batch_encode(data, train_turns=turns)
+    return [(f["input_ids"].tolist(), f["labels"].tolist()) for f in features]
+
+
+def cpu_seconds(run) -> tuple[float, Any]:
+    start = time.process_time()
+    result = run()
+    return time.process_time() - start, result
+
+
+def bench(name: str, data: list, runs: int, turns: str) -> dict[str, Any]:
+    model_id = f"bundled://{name}"
+    reference = Template(model_id)
+    source = reference.tokenizer.chat_template
+    bare = source.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    template = Template(model_id, chat_template=bare) if bare != source else reference
+    labelled = bare != source  # the baseline has a mask to compare with
+    if turns == "last":
+        data = [{"messages": row["messages"][: _last_reply(row) + 1]} for row in data]
+    base_times, our_times, same = [], [], None
+    for _ in range(runs):
+        seconds, expected = cpu_seconds(lambda: baseline(reference.tokenizer, data))
+        base_times.append(seconds)
+        seconds, got = cpu_seconds(lambda: ours(template, data, turns))
+        our_times.append(seconds)
+        if labelled and turns == "all":
+            same = got == expected
+    base, mine = statistics.median(base_times), statistics.median(our_times)
+    return {
+        "family": name,
+        "turns": turns,
+        "baseline": len(data) / base,
+        "twinkle": len(data) / mine,
+        "ratio": base / mine,
+        "labels": {True: "exact", False: "differ", None: "not compared"}[same],
+    }
+
+
+def _last_reply(row: dict[str, Any]) -> int:
+    return max(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=500)
+    args = parser.parse_args()
+    data = synthetic_rows(args.rows)
+    results = []
+    for name in FAMILIES:
+        for turns in ("last",) if name in REWRITES_HISTORY else ("all", "last"):
+            results.append(bench(name, data, args.runs, turns))
+    print(f"{datetime.date.today()}, {platform.node()}, commit {commit()}, rows {args.rows}")
+    print("| family | trained turns | baseline rows/CPU-s | Template rows/CPU-s | ratio | labels |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        print(
+            f"| {r['family']} | {r['turns']} | {r['baseline']:.0f} | {r['twinkle']:.0f} "
+            f"| {r['ratio']:.2f}x | {r['labels']} |"
+        )
+    sys.exit(1 if any(r["labels"] == "differ" for r in results) else 0)
+
+
+if __name__ == "__main__":
+    main()
