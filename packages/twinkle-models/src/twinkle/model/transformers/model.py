@@ -47,6 +47,7 @@ from twinkle.model.transformers.router_aux_loss import (
     router_aux_loss,
     wants_router_aux_loss,
 )
+from twinkle.model.transformers.scoring import ScoringMixin
 from twinkle.model.transformers.strategy import ParallelPlan, parallelize
 from twinkle.model.unit_random import derived_seed, seeded
 from twinkle.module import build_lr_scheduler, build_optimizer
@@ -66,7 +67,9 @@ def _default_device() -> torch.device:
 
 
 @remote_class(execute="all")
-class TransformersModel(TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin, TwinkleModel):
+class TransformersModel(
+    TrainUnitsMixin, CheckpointingMixin, EmbeddingModelMixin, ScoringMixin, TwinkleModel
+):
     """A causal LM from a hub id, a local folder or a bundled id (``bundled://tiny-qwen3``).
 
     ``mixed_precision='auto'`` autocasts to bf16 where the device computes it
