@@ -243,3 +243,34 @@ def test_a_stream_whose_sample_fails_before_a_token_is_answered_as_the_failure(s
     answer = _v1(alice, "/completions", body)
     assert answer.status_code == 404, answer.text
     assert "no longer exists" in answer.json()["error"]["message"]
+
+
+def test_a_failure_after_the_first_token_ends_the_stream_with_an_error_event():
+    import asyncio
+    from concurrent.futures import Future
+
+    from twinkle.server.errors import BadRequest
+    from twinkle.server.openai.answers import Answer
+    from twinkle.server.openai.live_stream import DONE, LiveStream
+
+    async def run() -> list[str]:
+        stream = LiveStream(asyncio.get_running_loop(), 1)
+        failed: Future = Future()
+        failed.set_exception(BadRequest("the sampler refused"))
+        events = stream.events(
+            (0, 42, [(42, -1.0)]),
+            failed,
+            Answer("cmpl-1", 0, BASE, False),
+            template_for(BASE).tokenizer,
+            None,
+            (),
+            lambda responses: iter(()),
+        )
+        stream.queue.put_nowait(DONE)  # the work ended (failed) after its first token
+        return [event async for event in events]
+
+    token, error = asyncio.run(run())
+    assert json.loads(token[6:])["choices"][0]["index"] == 0
+    body = json.loads(error[6:])
+    assert body["error"]["message"] == "the sampler refused"
+    assert body["error"]["type"] == "invalid_request_error"

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from twinkle.data_format import SampledSequence, SampleResponse
+from twinkle.server.errors import as_api_error
+from twinkle.server.observability.requests import current_request_id
+from twinkle.server.openai.errors import openai_error_body
 
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 
@@ -183,6 +186,14 @@ def _logprobs(answer: Answer, sequence: SampledSequence, tokenizer: Any, top: in
 def _token(tokenizer: Any, pair: tuple[int, float]) -> dict[str, Any]:
     text = tokenizer.decode([pair[0]])
     return {"token": text, "logprob": pair[1], "bytes": list(text.encode("utf-8"))}
+
+
+def error_event(exc: BaseException) -> str:
+    """A failure after a stream began (its 200 is sent): an event holding the error in
+    OpenAI's shape, as OpenAI's own streams end on one."""
+    answer = as_api_error(exc)
+    body = {**answer.body(), "request_id": current_request_id()}
+    return _event(openai_error_body(body, answer.status))
 
 
 def _event(body: dict[str, Any]) -> str:

@@ -75,7 +75,11 @@ class LiveStream:
             position = len(choice.tokens) - 1
             yield answers.token_chunk(answer, index, position, piece, token, pairs, tokenizer, top)
             item = await self.queue.get()
-        responses: list[SampleResponse] = future.result()
+        try:
+            responses: list[SampleResponse] = future.result()
+        except Exception as exc:  # noqa: BLE001 - the answer has begun: say so in the stream
+            yield answers.error_event(exc)
+            return
         for index, sequence in enumerate(answers.choices_of(responses)):
             text = sequence.text or ""
             sent = choices[index].sent if index in choices else 0
