@@ -11,7 +11,8 @@ GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
 2. **Async**: one SFT warm start (``--sft-steps``), then ``--grpo-steps`` GRPO steps from
    the same weights for max_staleness 0 (synchronous), 1 and 2, held-out success measured
    every ``--eval-every`` steps (evaluation time excluded). Reported: GRPO wall seconds,
-   seconds to the target success (the lowest final success of the three runs), the
+   seconds to the target success (half of the synchronous run's gain over the warm
+   start; "not reached" when a run stays below it), the
    trainer's idle fraction (waiting for a batch or for the sampler to finish one before a
    sync), and the largest staleness trained on.
 
@@ -134,9 +135,12 @@ def bench_async(recipe, args) -> dict:
             ]
         )  # fmt: skip
         runs[k] = recipe.run_grpo(model, run_args, random.Random(1), train, held_out)
-    target = min(run["after"] for run in runs.values())
+    # Half of the synchronous run's gain: a level each run can reach inside its steps.
+    sync = runs[0]
+    target = sync["before"] + 0.5 * max(sync["after"] - sync["before"], 0.0)
     for run in runs.values():
-        run["seconds_to_target"] = next(s for s, success in run["curve"] if success >= target)
+        reached = [s for s, success in run["curve"][1:] if success >= target]
+        run["seconds_to_target"] = reached[0] if reached else None
     model.model.load_state_dict(warm)
     return {"target": target, "runs": runs, "warm_state": warm, "model": model}
 
@@ -174,10 +178,13 @@ def main() -> None:
     sync_time = result["runs"][0]["seconds_to_target"]
     for k, run in result["runs"].items():
         name = "sync (k = 0)" if k == 0 else f"async k = {k}"
+        to_target = run["seconds_to_target"]
+        reached = "not reached" if to_target is None else f"{to_target:.0f}"
+        ratio = "-" if to_target is None or not sync_time else f"{to_target / sync_time:.2f}x"
         print(
             f"| {name} | {run['before']:.3f} -> {run['after']:.3f} | {run['grpo_seconds']:.0f} | "
-            f"{run['seconds_to_target']:.0f} | {run['seconds_to_target'] / sync_time:.2f}x | "
-            f"{run['trainer_idle_fraction']:.0%} | {max(run['staleness'])} |"
+            f"{reached} | {ratio} | {run['trainer_idle_fraction']:.0%} | "
+            f"{max(run['staleness'])} |"
         )
     summary = {
         k: {n: v for n, v in run.items() if n != "curve"} for k, run in result["runs"].items()

@@ -137,7 +137,7 @@ def run_grpo(
     def sync_weights() -> None:
         ckpt_manager.sync_weights(merge_and_sync=True)
 
-    curve, eval_s, staleness = [(0.0, before)], 0.0, []
+    curve, eval_s, staleness, ratios = [(0.0, before)], 0.0, [], []
     start = time.perf_counter()
     steps, k = args.grpo_steps, args.max_staleness
     with AsyncRollouts(produce, sync_weights, k, num_batches=steps) as rollouts:
@@ -155,6 +155,7 @@ def run_grpo(
             rollouts.publish()
             staleness.append(batch.staleness)
             metrics = model.calculate_metric(is_training=True)
+            ratios.append((metrics["policy/ratio_min"], metrics["policy/ratio_max"]))
             shown = {k: round(v, 3) for k, v in metrics.items() if k.startswith("policy/ratio")}
             logger.info(
                 f"grpo step {step}: reward {sum(rewards) / len(rewards):.3f}, staleness "
@@ -169,12 +170,14 @@ def run_grpo(
     grpo_s = time.perf_counter() - start - eval_s
     after = held_out_success(sampler, held_out, args)
     curve.append((grpo_s, after))
+    logger.info(f"held-out success after GRPO: {after:.3f} (curve {curve})")
     return {
         "before": before,
         "after": after,
         "grpo_seconds": grpo_s,
         "trainer_idle_fraction": rollouts.trainer_wait_s / max(grpo_s, 1e-9),
         "staleness": staleness,
+        "ratio_range": ratios,
         "curve": curve,
         "dropped": rollouts.dropped,
     }

@@ -196,22 +196,25 @@ class MultiTurnRollout:
                 trajectory.stop_reason = "done"
             else:
                 observations[index] = outcome.observation
-        for index, observation in observations.items():
-            self._append_observation(by_id[index], observation, turn)
+        self._append_observations([(by_id[i], o) for i, o in observations.items()], turn)
 
-    def _append_observation(
-        self, trajectory: RolloutTrajectory, observation: list[Message], turn: int
+    def _append_observations(
+        self, pending: list[tuple[RolloutTrajectory, list[Message]]], turn: int
     ) -> None:
         if turn + 1 >= self.max_turns:
-            trajectory.stop_reason = "max_turns"  # no turn left to read it
+            for trajectory, _ in pending:
+                trajectory.stop_reason = "max_turns"  # no turn left to read it
             return
-        sampled_end = self.template.decode(trajectory.tokens[-1:]) if trajectory.tokens else ""
-        tokens = observation_tokens(self.template, observation, trajectory.tools, sampled_end)
-        if len(trajectory.tokens) + len(tokens) >= self.max_tokens:
-            trajectory.stop_reason = "max_tokens"
-            return
-        trajectory.extend(tokens, sampled=False)
-        trajectory.messages += observation
+        ends = [self.template.decode(t.tokens[-1:]) if t.tokens else "" for t, _ in pending]
+        token_lists = observation_tokens(
+            self.template, [(o, t.tools, end) for (t, o), end in zip(pending, ends, strict=True)]
+        )
+        for (trajectory, observation), tokens in zip(pending, token_lists, strict=True):
+            if len(trajectory.tokens) + len(tokens) >= self.max_tokens:
+                trajectory.stop_reason = "max_tokens"
+                continue
+            trajectory.extend(tokens, sampled=False)
+            trajectory.messages += observation
 
 
 def _record(trajectory: RolloutTrajectory, outcome: StepResult, turn: int) -> None:

@@ -12,6 +12,8 @@ sequence is the sampled tokens plus these.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,13 +45,29 @@ def observation_text(
 
 def observation_tokens(
     template: Any,
-    observation: Sequence[Message],
-    tools: list[Tool] | None,
-    sampled_end: str,
-) -> list[int]:
-    """The token ids to append after a turn whose last sampled token decodes to
-    ``sampled_end`` (``'<|im_end|>'`` when the model closed its turn itself, else any text)."""
-    text = observation_text(template, observation, tools)
-    if sampled_end and text.startswith(sampled_end):
-        text = text[len(sampled_end) :]
-    return template.tokenizer(text, add_special_tokens=False)["input_ids"]
+    observations: Sequence[tuple[Sequence[Message], list[Tool] | None, str]],
+) -> list[list[int]]:
+    """The token ids to append after each of several turns, in one tokenizer call: for
+    ``(observation, tools, sampled_end)``, where ``sampled_end`` is what the turn's last
+    sampled token decodes to (``'<|im_end|>'`` when the model closed its turn itself)."""
+    texts = []
+    for observation, tools, sampled_end in observations:
+        text = _cached_text(template, _key(observation), _key(tools or []))
+        if sampled_end and text.startswith(sampled_end):
+            text = text[len(sampled_end) :]
+        texts.append(text)
+    if not texts:
+        return []
+    return template.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _key(models: Sequence[Any]) -> str:
+    return json.dumps([m.to_dict() if hasattr(m, "to_dict") else m for m in models])
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_text(template: Any, observation_json: str, tools_json: str) -> str:
+    """Observations repeat (a tool's errors, the same results): render each once."""
+    observation = [Message.model_validate(m) for m in json.loads(observation_json)]
+    tools = [Tool.model_validate(t) for t in json.loads(tools_json)] or None
+    return observation_text(template, observation, tools)
