@@ -8,6 +8,7 @@ Each mode is a server process of its own (it owns its Ray cluster), started by t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,6 +87,14 @@ def test_sl_loop_and_resume_on_a_ray_worker(ray_server, base_model):
 
         path = client.save_state("ray-resume").result(timeout=120).path
         assert path == f"tinker://{client.model_id}/weights/ray-resume"
+        # the worker saves, the server exports what it wrote: a peft folder behind signed URLs
+        export = client.save_weights_external("ray-export").result(timeout=120).path
+        urls = tinker.RestClient(base_url=url, api_key=key).get_external_weights_urls(export)
+        files = {
+            n: httpx.get(u, timeout=30).content for n, u in urls.result(timeout=120).urls.items()
+        }
+        assert json.loads(files["adapter_config.json"])["r"] == 8
+        assert len(files["adapter_model.safetensors"]) > 0
         resumed = service.create_training_client_from_state_with_optimizer(path)
         resumed = resumed.result(timeout=120)
         assert resumed.model_id != client.model_id
