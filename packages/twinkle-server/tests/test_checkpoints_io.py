@@ -140,8 +140,10 @@ def test_a_foreign_checkpoint_is_404_until_published_and_404_again_after(tenants
     bob_run = bob.new_run(rank=4)
     assert bob.call(bob_run, "load", path=uri).status_code == 200  # published: readable
 
+    link = redirect.headers["location"]
     assert alice.delete(f"{base}/publish").status_code == 200
     assert _archive(bob, run)[0].status_code == 404
+    assert bob.http.get(link).status_code == 404  # the link made while public: gone too
     assert bob.call(bob_run, "load", path=uri).status_code == 404
     bob.post("/twinkle/model/remove_adapter", {"training_run_id": bob_run})
 
@@ -216,7 +218,9 @@ def test_a_link_altered_forged_or_expired_is_404(tenants, saved):
     forged = download_links._b64(json.dumps(grant).encode()) + "." + mac
     expired = download_links.sign(
         download_links.server_secret(state.home),
-        download_links.Grant(grant["owner"], run, "weights", "c1", "", time.time() - 1),
+        download_links.Grant(
+            grant["owner"], run, "weights", "c1", "", time.time() - 1, grant["owner"]
+        ),
     )
     for bad in (forged, token[:-2] + "xx", expired, "nonsense"):
         response = alice.http.get(f"/api/v1/downloads/{bad}")

@@ -5,7 +5,8 @@ are, so any HTTP client, ``curl`` or ``urllib``, can fetch them).
 A link carries what it grants (owner, run, checkpoint, file, expiry) and an HMAC-SHA256 of
 that under the server's secret (``<home>/download_secret``, made once, readable by the
 server's user only), so it survives restarts and cannot be altered or forged. It grants
-what its requester could read when it was made; a checkpoint deleted since reads as gone.
+what its requester can still read: a checkpoint deleted since, or another key's checkpoint
+unpublished since, reads as gone.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Grant:
     name: str
     file: str
     expires_at: float
+    reader: str
+    """The key the link was made for: another key's checkpoint only while it is published."""
 
 
 def server_secret(home: Path) -> bytes:

@@ -86,7 +86,7 @@ async def archive_url(run_id: str, checkpoint_id: str, request: Request) -> Redi
     state = ready(state_of(request))
     uri = _uri(run_id, checkpoint_id)
     record = await _readable_when_written(state, principal, uri)
-    url, expires_at = _link(request, state, record, download_links.ARCHIVE)
+    url, expires_at = _link(request, state, principal, record, download_links.ARCHIVE)
     headers = {"Expires": formatdate(expires_at, usegmt=True)}
     return RedirectResponse(url, status_code=302, headers=headers)
 
@@ -106,7 +106,7 @@ async def external_weights_urls(run_id: str, checkpoint_id: str, request: Reques
     files = sorted(os.listdir(_export_folder(record.path)))
     urls, expires_at = {}, 0.0
     for name in files:
-        urls[name], expires_at = _link(request, state, record, name)
+        urls[name], expires_at = _link(request, state, principal, record, name)
     return {"urls": urls, "expires": checkpoint_access.iso(expires_at)}
 
 
@@ -118,7 +118,7 @@ async def download(token: str, request: Request) -> StreamingResponse:
     record = checkpoint_access.live(
         state.store.get_checkpoint(grant.owner, grant.run_id, grant.kind, grant.name)
     )
-    if record is None:
+    if record is None or (grant.reader != record.owner and not record.public):
         raise NotFound("the checkpoint this link was made for is gone")
     if grant.file == download_links.ARCHIVE:
         run = state.store.get_run(grant.owner, grant.run_id)
@@ -205,10 +205,12 @@ async def _readable_when_written(state: ServerState, principal: Any, uri: Checkp
         await asyncio.sleep(0.2)
 
 
-def _link(request: Request, state: ServerState, record: Any, file: str) -> tuple[str, float]:
+def _link(
+    request: Request, state: ServerState, principal: Any, record: Any, file: str
+) -> tuple[str, float]:
     expires_at = time.time() + state.config.limits.download_link_ttl_s
     grant = download_links.Grant(
-        record.owner, record.run_id, record.kind, record.name, file, expires_at
+        record.owner, record.run_id, record.kind, record.name, file, expires_at, principal.key_id
     )
     token = download_links.sign(download_links.server_secret(state.home), grant)
     return str(request.url_for("download", token=token)), expires_at
