@@ -311,3 +311,18 @@ def test_collate_fn_batches_a_plain_torch_dataloader_in_worker_processes():
         assert torch.equal(batch["input_ids"], processor(pair)["input_ids"])
     assert batches[0]["input_ids"].tolist() == [[PAD, 1, 1], [2, 2, 2]]
     assert batches[1]["labels"].tolist() == [[X, X, 3, 3, 3], [X, 4, 4, 4, 4]]
+
+
+def test_dicts_of_int_lists_collate_as_their_input_features_do():
+    rows = [
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7], "length": 3},
+        {"input_ids": [8], "labels": [8], "attention_mask": [1]},
+        {"input_ids": [1, 2, 3, 4], "labels": [1, 2, 3, 4], "position_ids": [0, 1, 0, 1]},
+    ]
+    features = [InputFeature(**row) for row in rows]
+    for processor in (InputProcessor(), InputProcessor(padding_free=True)):
+        for key, value in processor(features[:2]).items():
+            assert torch.equal(torch.as_tensor(processor(rows[:2])[key]), torch.as_tensor(value))
+    packed = InputProcessor(padding_free=True)
+    for key, value in packed(features).items():
+        assert torch.equal(torch.as_tensor(packed(rows)[key]), torch.as_tensor(value)), key
