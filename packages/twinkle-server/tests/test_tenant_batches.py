@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -139,3 +140,78 @@ def test_keys_samples_from_their_checkpoints_share_one_batch(tmp_path, make_tena
         tokens = [[s["tokens"] for s in r.json()["result"]["sequences"]] for r in (shared, single)]
         assert tokens[0] == tokens[1]
     assert together[0].json()["result"] != together[1].json()["result"]
+
+
+def _tinker_fwdbwd(model_id: str, seq_id: int, tokens: list[int]) -> dict:
+    """SDK 0.16.1's JSON forward_backward of one cross-entropy datum (next-token targets)."""
+    datum = {
+        "model_input": {"chunks": [{"tokens": tokens}]},
+        "loss_fn_inputs": {
+            "target_tokens": {"data": [*tokens[1:], 1], "dtype": "int64"},
+            "weights": {"data": [1.0] * len(tokens), "dtype": "float32"},
+        },
+    }
+    body = {"data": [datum], "loss_fn": "cross_entropy"}
+    return {"forward_backward_input": body, "model_id": model_id, "seq_id": seq_id}
+
+
+def test_tinker_forward_backward_of_two_runs_share_one_pass(tmp_path, make_tenant, monkeypatch):
+    config = {
+        "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 2, "device": "cpu"},
+        "sampler": {"enabled": False},
+        "storage": {"home": str(tmp_path)},
+    }
+    state = build_state(ServerConfig.model_validate(config))
+    keys = [create_key(state.store, name)[0] for name in ("alice", "bob")]
+    passes = []
+    many = state.model.model.forward_backward_many
+    monkeypatch.setattr(
+        state.model.model,
+        "forward_backward_many",
+        lambda requests: passes.append(len(requests)) or many(requests),
+    )
+    tokens = ([5, 9, 17, 33, 2, 40], [7, 3, 8])
+    try:
+        with TestClient(create_app(state), raise_server_exceptions=False) as http:
+            tenants = [make_tenant(http, key) for key in keys]
+
+            def result(tenant, response):
+                assert response.status_code == 200, response.text
+                body = {"request_id": response.json()["request_id"]}
+                answer = tenant.post("/retrieve_future", body).json()
+                assert "error" not in answer, answer
+                return answer
+
+            models = []
+            for tenant in tenants:
+                create = {
+                    "session_id": tenant.session,
+                    "model_seq_id": 0,
+                    "base_model": "bundled://tiny-qwen3",
+                    "lora_config": {"rank": 4},
+                }
+                models.append(result(tenant, tenant.post("/create_model", create))["model_id"])
+
+            def logprobs(i, seq_id, response=None):
+                if response is None:
+                    body = _tinker_fwdbwd(models[i], seq_id, tokens[i])
+                    response = tenants[i].post("/forward_backward", body)
+                return result(tenants[i], response)["loss_fn_outputs"][0]["logprobs"]["data"]
+
+            gate = threading.Event()
+            state.model.worker.submit("hold", gate.wait)
+            sent = [
+                tenants[i].post("/forward_backward", _tinker_fwdbwd(models[i], 1, tokens[i]))
+                for i in range(2)
+            ]
+            deadline = time.monotonic() + 30
+            while state.model.worker.pending() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            gate.set()
+            together = [logprobs(i, 1, sent[i]) for i in range(2)]
+            alone = [logprobs(i, 2) for i in range(2)]
+    finally:
+        state.close()
+    assert passes == [2]  # the shared pass; the later calls each ran alone
+    for got, want in zip(together, alone, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -142,8 +142,15 @@ class FutureManager:
         return future_id, placeholder
 
     @staticmethod
-    def start(placeholder: Future, worker: FairWorker, lane: str, fn: Callable[[], Any]) -> None:
-        """Queue a reserved future's work; its outcome resolves the placeholder."""
+    def start(
+        placeholder: Future,
+        worker: FairWorker,
+        lane: str,
+        fn: Callable[[], Any],
+        batch: Batchable | None = None,
+    ) -> None:
+        """Queue a reserved future's work (``batch``: as an item it may share a pass with);
+        its outcome resolves the placeholder."""
 
         def settle(done: Future) -> None:
             if done.cancelled():
@@ -154,7 +161,7 @@ class FutureManager:
                 placeholder.set_result(done.result())
 
         try:
-            worker.submit(lane, fn).add_done_callback(settle)
+            worker.submit(lane, fn, batch=batch).add_done_callback(settle)
         except RuntimeError as exc:  # the worker stopped: the server is shutting down
             placeholder.set_exception(exc)
 

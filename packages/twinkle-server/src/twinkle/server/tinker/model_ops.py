@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from peft import LoraConfig
 
+from twinkle.model.transformers.tenant_pass import TenantRequest
 from twinkle.server.checks import INT64_MAX, integer, number, refuse_nulls
 from twinkle.server.errors import BadRequest
 from twinkle.server.names import CheckpointUri
+from twinkle.server.scheduler import Batchable
 from twinkle.server.tinker.batch import per_datum_logprobs
 
 ADAM_DEFAULTS = {
@@ -125,10 +128,60 @@ def forward_backward(
     model.set_loss(loss, adapter_name=adapter)
     run = model.forward_only if forward_only else model.forward_backward
     logps = run(batch, adapter_name=adapter, **loss_inputs)["logps"]
+    return _tinker_outputs(TinkerPass(None, batch, loss_inputs, lengths, loss), logps)
+
+
+@dataclass(frozen=True)
+class TinkerPass:
+    """A Tinker forward_backward as an item of a pass shared with other runs'."""
+
+    live: Any
+    batch: dict[str, torch.Tensor]
+    loss_inputs: dict[str, torch.Tensor]
+    lengths: list[int]
+    loss: Any
+
+
+def _tinker_outputs(item: TinkerPass, logps: Any) -> tuple[list[dict[str, np.ndarray]], dict]:
     with torch.no_grad():
-        loss_sum = float(loss(batch, {"logps": logps}, **loss_inputs)["loss"])
-    outputs = [{"logprobs": row} for row in per_datum_logprobs(logps, lengths)]
+        loss_sum = float(item.loss(item.batch, {"logps": logps}, **item.loss_inputs)["loss"])
+    outputs = [{"logprobs": row} for row in per_datum_logprobs(logps, item.lengths)]
     return outputs, {"loss:sum": loss_sum}
+
+
+def batchable(service: Any, item: TinkerPass, encode: Any) -> Batchable | None:
+    """The forward_backward as a ``Batchable`` of the model's worker (its answer encoded by
+    ``encode(outputs, metrics)``), or None where the Twinkle routes' would run alone."""
+    if not service.config.model.batching.enabled or service.workers > 1:
+        return None
+    return Batchable(
+        "tinker_forward_backward",
+        item,
+        lambda items: run_many(service, items, encode),
+        rows=len(item.lengths),
+    )
+
+
+def run_many(service: Any, items: list[TinkerPass], encode: Any) -> list[Any]:
+    """Several runs' Tinker forward_backward calls as one ``forward_backward_many`` pass:
+    each call's encoded answer, or the error that refused it alone."""
+    answers: dict[int, Any] = {}
+    ready: list[tuple[int, TinkerPass]] = []
+    for index, item in enumerate(items):
+        try:
+            service.run_for(item.live, lambda: None)  # the run still holds its slot
+            service.model.set_loss(item.loss, adapter_name=item.live.adapter)
+            ready.append((index, item))
+        except Exception as exc:  # noqa: BLE001 - this call's answer
+            answers[index] = exc
+    requests = [TenantRequest(i.live.adapter, i.batch, i.loss_inputs) for _, i in ready]
+    outcomes = service.model.forward_backward_many(requests)
+    for (index, item), outcome in zip(ready, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            answers[index] = outcome
+        else:
+            answers[index] = encode(*_tinker_outputs(item, outcome["logps"]))
+    return [answers[index] for index in range(len(items))]
 
 
 def save_ephemeral(service: Any, principal: Any, live: Any, sampling_seq: int) -> str:

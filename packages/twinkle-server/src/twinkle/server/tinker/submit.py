@@ -15,6 +15,7 @@ from fastapi import Request
 from twinkle.server.checks import INT64_MAX, integer
 from twinkle.server.errors import ApiError, BadRequest
 from twinkle.server.routes.common import caller, idempotency_key, state_of
+from twinkle.server.scheduler import Batchable
 
 
 def seq_of(body: dict[str, Any]) -> int:
@@ -50,8 +51,10 @@ def submit_ordered(
     seq_id: int,
     operation: str,
     work: Callable[[], Any],
+    batch: Batchable | None = None,
 ) -> dict[str, Any]:
-    """Queue ``work`` for ``live``'s run behind every smaller seq_id; answer its future."""
+    """Queue ``work`` for ``live``'s run behind every smaller seq_id; answer its future.
+    ``batch``: the work as an item that may share a pass with other runs' (``FairWorker``)."""
     state = state_of(request)
     model_id = live.run.id
     ordering = state.tinker.ordering
@@ -66,7 +69,8 @@ def submit_ordered(
     model = state.model
 
     def release() -> None:
-        state.futures.start(placeholder, model.worker, model_id, lambda: model.run_for(live, work))
+        run = lambda: model.run_for(live, work)  # noqa: E731
+        state.futures.start(placeholder, model.worker, model_id, run, batch)
 
     ordering.submit(
         model_id, seq_id, future_id, release, lambda exc: state.futures.fail(placeholder, exc)

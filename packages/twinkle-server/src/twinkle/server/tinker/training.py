@@ -3,7 +3,8 @@ save_weights, save_weights_for_sampler and load_weights.
 
 A Tinker model is a Twinkle training run (``model_id`` = ``<session>:train:<n>``, the id the
 SDK derives itself), so it shows in both clients' listings and its checkpoints are the same
-records. Work goes to the model's worker in the run's lane, in seq_id order (``submit``).
+records. Work goes to the model's worker in the run's lane, in seq_id order (``submit``); a
+forward_backward may share one pass with other runs' (``model_ops.run_many``).
 """
 
 from __future__ import annotations
@@ -169,7 +170,11 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
         return encode_forward_backward_output(outputs, metrics)
 
     operation = "forward" if forward_only else "forward_backward"
-    return submit_ordered(request, principal, live, fwd.seq_id, operation, work)
+    shared = None
+    if not forward_only:
+        item = model_ops.TinkerPass(live, batch, loss_inputs, lengths, loss)
+        shared = model_ops.batchable(state.model, item, encode_forward_backward_output)
+    return submit_ordered(request, principal, live, fwd.seq_id, operation, work, shared)
 
 
 @router.post("/forward_backward")
