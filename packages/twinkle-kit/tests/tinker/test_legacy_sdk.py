@@ -182,6 +182,31 @@ def test_a_downloaded_checkpoint_loads_in_peft_with_the_trainers_logprobs(
     np.testing.assert_allclose(peft_logprobs, expected, atol=LOGPROB_ATOL)
 
 
+def test_publish_lets_another_key_read_and_a_ttl_out_of_range_is_refused(
+    tinker_server, service, sl_run
+):
+    rest, path = _rest(tinker_server, service), sl_run["path"]
+    other_service = tinker.ServiceClient(
+        base_url=tinker_server.base_url, api_key=tinker_server.key_a
+    )
+    other = other_service.create_rest_client()  # a RestClient of key a in both SDKs
+    with pytest.raises(tinker.NotFoundError):
+        other.get_weights_info_by_tinker_path(path).result(TIMEOUT_S)
+    rest.publish_checkpoint_from_tinker_path(path).result(TIMEOUT_S)
+    assert other.get_weights_info_by_tinker_path(path).result(TIMEOUT_S).lora_rank == 4
+    rest.unpublish_checkpoint_from_tinker_path(path).result(TIMEOUT_S)
+    with pytest.raises(tinker.NotFoundError):
+        other.get_weights_info_by_tinker_path(path).result(TIMEOUT_S)
+    with pytest.raises(tinker.BadRequestError, match="limits.max_checkpoint_ttl_s"):
+        rest.set_checkpoint_ttl_from_tinker_path(path, -1).result(TIMEOUT_S)
+    rest.set_checkpoint_ttl_from_tinker_path(path, 3600).result(TIMEOUT_S)
+    listed = rest.list_checkpoints(sl_run["training"].model_id).result(TIMEOUT_S).checkpoints
+    assert [c.expires_at is not None for c in listed if c.tinker_path == path] == [True]
+    rest.set_checkpoint_ttl_from_tinker_path(path, None).result(TIMEOUT_S)
+    if hasattr(other_service, "close"):
+        other_service.close("success").result(TIMEOUT_S)
+
+
 def test_rl_step_sample_importance_sampling_ppo_and_sync(sl_run):
     """sample -> importance_sampling -> optim_step -> ppo -> optim_step -> a fresh sampler."""
     training = sl_run["training"]
