@@ -7,8 +7,10 @@ weights are restored bit for bit from a copy, so training continues exactly as i
 nothing happened. Extra memory on the device: one layer's base weights at a time.
 
 The result is the state dict of the plain model (the names a Hugging Face model
-folder uses): peft's ``base_layer`` level is removed, adapter tensors are dropped,
+folder uses): peft's ``base_layer`` levels are removed, adapter tensors are dropped,
 and a ``modules_to_save`` copy trained by the adapter replaces the original module.
+peft nests one tuner per adapted parameter of a fused MoE experts module
+(``experts.base_layer...``): such a chain is merged as one layer, outermost first.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def merged_state_dict(model: PeftModel, adapter_name: str) -> dict[str, torch.Te
     wrappers: dict[str, ModulesToSaveWrapper] = {}
     for path, module in base.named_modules():
         if isinstance(module, BaseTunerLayer):
-            tuners[path] = module
+            outer = path.removesuffix(".base_layer")
+            if outer == path or not isinstance(tuners.get(outer), BaseTunerLayer):
+                tuners[path] = module  # inner tuners of a chain are merged with the outer one
         elif isinstance(module, ModulesToSaveWrapper):
             wrappers[path] = module
         elif isinstance(module, AuxiliaryTrainingWrapper):
@@ -59,6 +63,8 @@ def _plain_name(
                 return None  # the adapter's own tensors: lora_A, lora_B, ...
             while rest[0] == "base_layer":
                 rest = rest[1:]
+            if ".".join(rest) not in tuners[owner].get_base_layer().state_dict():
+                return None  # an inner tuner's adapter tensors
             return f"{owner}.{'.'.join(rest)}"
         if owner in wrappers:
             trained = adapter_name in wrappers[owner].modules_to_save
@@ -74,12 +80,17 @@ def _merge_layer(layer: BaseTunerLayer, adapter_name: str) -> dict[str, torch.Te
     """The base layer's parameters with the adapter merged in; the layer is left as it was."""
     base = layer.get_base_layer()
     originals = {name: p.detach().clone() for name, p in base.named_parameters()}
-    layer.merge(adapter_names=[adapter_name])
+    chain = [layer]
+    while isinstance(chain[-1].base_layer, BaseTunerLayer):
+        chain.append(chain[-1].base_layer)
+    for tuner in chain:
+        tuner.merge(adapter_names=[adapter_name])
     try:
         return {name: p.detach().to("cpu", copy=True) for name, p in base.named_parameters()}
     finally:
-        if layer.merged:
-            layer.unmerge()
+        for tuner in chain:
+            if tuner.merged:
+                tuner.unmerge()
         with torch.no_grad():
             for name, p in base.named_parameters():
                 p.copy_(originals[name])
