@@ -221,8 +221,9 @@ def bench_rl(session: nox.Session) -> None:
 
 @nox.session(name="bench-server", default=False)
 def bench_server(session: nox.Session) -> None:
-    """forward_backward over HTTP with 1, 4 and 16 tenants against in process; LoRA slot churn;
-    the OpenAI endpoint's time to first token and tokens/s against the sampler in process."""
+    """Tenants batched against serial scheduling (1, 4, 8, 16 tenants, over HTTP and in
+    process), 8 adapters sampled in one batch; LoRA slot churn; the OpenAI endpoint's time to
+    first token and tokens/s against the sampler in process."""
     _run_benchmarks(session, "twinkle-kit", "bench_server.py", "bench_openai.py")
 
 
