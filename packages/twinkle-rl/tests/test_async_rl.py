@@ -144,28 +144,42 @@ def grpo_losses(max_staleness, steps=2):
             advantages=advantages,
         )
         model.clip_grad_and_step()
+        metrics = model.calculate_metric(is_training=True)
+        ratios.append((metrics["policy/ratio_min"], metrics["policy/ratio_max"]))
         return float(output.loss)
 
     def publish():
         sync.sync_weights(merge_and_sync=True)
 
-    losses = []
+    losses, ratios, staleness = [], [], []
     if max_staleness is None:
         for step in range(steps):
             losses.append(train(produce(step)))
             publish()
-        return losses
+        return losses, ratios, [0] * steps
     with AsyncRollouts(produce, publish, max_staleness, num_batches=steps) as rollouts:
         for _ in range(steps):
-            losses.append(train(rollouts.next_batch().data))
+            batch = rollouts.next_batch()
+            staleness.append(batch.staleness)
+            losses.append(train(batch.data))
             rollouts.publish()
-    return losses
+    return losses, ratios, staleness
 
 
 def test_staleness_zero_gives_the_synchronous_results_exactly():
-    plain = grpo_losses(None)
-    assert grpo_losses(0) == plain
+    plain, _, _ = grpo_losses(None)
+    assert grpo_losses(0)[0] == plain
     assert plain[0] != plain[1]
+
+
+def test_a_stale_batch_is_weighed_against_the_weights_that_sampled_it():
+    """With k = 1 the second batch was sampled before the first step: the loss's importance
+    ratio against the sampler's logprobs leaves 1 there (and is reported), not on the first."""
+    _, ratios, staleness = grpo_losses(1)
+    assert staleness == [0, 1]
+    (low0, high0), (low1, high1) = ratios
+    assert abs(low0 - 1) < 1e-4 and abs(high0 - 1) < 1e-4
+    assert low1 < 0.99 or high1 > 1.01
 
 
 def test_a_paused_sampler_starts_no_batch():
