@@ -1,4 +1,5 @@
-"""Communication volume per optimizer step, FSDP2 vs DDP, against the theoretical values.
+"""Communication volume per optimizer step, FSDP2 vs DDP vs tensor parallel, against the
+theoretical values.
 
     python benchmarks/bench_parallel_comm.py            # launches itself under torchrun (2 ranks)
 
@@ -13,6 +14,13 @@ of every gradient); FSDP2 3(n-1)/n·P·b (all-gather in forward, again in backwa
 reduce-scatter of the gradients). The root module (embeddings, head, final norm) keeps
 its parameters gathered from forward to backward, so FSDP2 measures below 3(n-1)/n by
 the root's share of one all-gather.
+
+Tensor parallel (``tp``: every rank runs the same batch, DTensor's functional collectives
+counted at ``torch.distributed._functional_collectives``): activations, not weights, travel.
+With A = rows × sequence × hidden × b bytes, each layer all-reduces A twice in forward
+(after o_proj and down_proj) and, with torch's one module per projection, five times in
+backward (the input gradients of q, k, v and of gate, up; Megatron's fused qkv and gate/up
+need two), plus the q/k norm gradients: theory 7·L·2(n-1)/n·A, Megatron's 4·L·2(n-1)/n·A.
 """
 
 from __future__ import annotations
@@ -77,6 +85,22 @@ def count_fsdp_collectives(world: int) -> None:
         setattr(dist, op, counted)
 
 
+def count_tensor_parallel_collectives(world: int) -> None:
+    """Wrap the functional collectives DTensor redistributes with, and ``dist.all_reduce``
+    (the q/k norm gradients)."""
+    import torch.distributed._functional_collectives as funcol
+
+    for module, op in ((funcol, "all_reduce"), (dist, "all_reduce")):
+        original = getattr(module, op)
+
+        def counted(tensor, *args, _original=original, **kwargs):
+            COUNTS["all_reduce"] += ring_bytes("all_reduce", tensor, world)
+            CALLS["all_reduce"] += 1
+            return _original(tensor, *args, **kwargs)
+
+        setattr(module, op, counted)
+
+
 def count_ddp_buckets(wrapper, world: int) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -96,7 +120,9 @@ def child(strategy: str, steps: int) -> None:
 
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    sizes = {"fsdp_size": world} if strategy == "fsdp2" else {"dp_size": world}
+    sizes = {"fsdp2": {"fsdp_size": world}, "tp": {"tp_size": world}}.get(
+        strategy, {"dp_size": world}
+    )
     mesh = DeviceMesh.from_sizes(**sizes, device_type="cpu")
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(**CONFIG))
@@ -104,10 +130,12 @@ def child(strategy: str, steps: int) -> None:
     plan = parallelize(model, mesh)
     if strategy == "ddp":
         count_ddp_buckets(plan.root("bench"), world)
+    elif strategy == "tp":
+        count_tensor_parallel_collectives(world)
     else:
         count_fsdp_collectives(world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    generator = torch.Generator().manual_seed(rank)
+    generator = torch.Generator().manual_seed(0 if strategy == "tp" else rank)
     batch = torch.randint(0, CONFIG["vocab_size"], (ROWS_PER_RANK, SEQ_LEN), generator=generator)
     per_step, seconds = [], []
     for _ in range(steps + 1):  # the first step warms up and is not counted
@@ -123,7 +151,13 @@ def child(strategy: str, steps: int) -> None:
     counts, calls = per_step[-1]
     assert all(c == counts for c, _ in per_step[1:]), "the volume changed between steps"
     if rank == 0:
-        theory = {"ddp": 2, "fsdp2": 3}[strategy] * (world - 1) / world * params * 4
+        if strategy == "tp":  # activations: 7 all-reduces a layer (module docstring)
+            activation = ROWS_PER_RANK * SEQ_LEN * CONFIG["hidden_size"] * 4
+            layers = CONFIG["num_hidden_layers"]
+            theory = 7 * layers * 2 * (world - 1) / world * activation
+            print(f"tp: Megatron's fused layout would send {4 / 7 * theory / 2**20:.1f} MiB")
+        else:
+            theory = {"ddp": 2, "fsdp2": 3}[strategy] * (world - 1) / world * params * 4
         measured = sum(counts.values())
         detail = ", ".join(f"{op} {calls[op]}× {counts[op] / 2**20:.1f}" for op in sorted(counts))
         print(
@@ -176,7 +210,7 @@ def main() -> None:
     print("Bytes one rank sends per optimizer step (MiB, ring algorithm), full training\n")
     print("| strategy | params | measured | theoretical | ratio | per collective (MiB) | ms/step |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
-    for strategy in ("ddp", "fsdp2"):
+    for strategy in ("ddp", "fsdp2", "tp"):
         print(launch(strategy, args.steps, args.ranks))
 
 
