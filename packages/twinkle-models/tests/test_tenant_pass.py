@@ -226,3 +226,18 @@ def test_dora_adapters_run_alone():
         [TenantRequest("plain", _rows(1, 2, 8)), TenantRequest("dora", _rows(2, 2, 8))]
     )
     assert all(not isinstance(o, Exception) and o.num_tokens > 0 for o in outcomes)
+
+
+def test_an_adapter_named_twice_runs_its_calls_in_order(pools):
+    alone, batched = pools
+    # One row each: no padding, so all three share the padded layout.
+    first, second = _rows(40, 1, 9), _rows(41, 1, 12)
+    expected = [alone.forward_backward(rows, adapter_name="alice") for rows in (first, second)]
+    outcomes = batched.forward_backward_many(
+        [TenantRequest("alice", first), TenantRequest("carol", _rows(42, 1, 5))]
+        + [TenantRequest("alice", second)]
+    )
+    for want, got in zip(expected, (outcomes[0], outcomes[2]), strict=True):
+        assert got.loss == pytest.approx(want.loss, rel=1e-6)  # alice draws dropout: in order
+    for key, grad in _params(alone, "alice").items():
+        _assert_close(_params(batched, "alice")[key], grad)

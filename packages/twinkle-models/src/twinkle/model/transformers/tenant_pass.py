@@ -70,10 +70,27 @@ class _RunsAlone(Exception):
 
 
 def forward_backward_many(model: Any, requests: Sequence[TenantRequest]) -> list[Outcome]:
-    """Each request's ModelOutput, or the exception that refused it, in order."""
+    """Each request's ModelOutput, or the exception that refused it, in order. An adapter
+    named twice runs its calls in successive passes, in order (its dropout stream and its
+    accumulated gradients see them one after the other, as alone)."""
+    outcomes: dict[int, Outcome] = {}
+    pending = list(enumerate(requests))
+    while pending:
+        seen: set[str] = set()
+        this_pass, later = [], []
+        for index, request in pending:
+            (later if request.adapter_name in seen else this_pass).append((index, request))
+            seen.add(request.adapter_name)
+        outcomes.update(_one_pass(model, this_pass))
+        pending = later
+    return [outcomes[i] for i in range(len(requests))]
+
+
+def _one_pass(model: Any, requests: list[tuple[int, TenantRequest]]) -> dict[int, Outcome]:
+    """The outcomes of requests of distinct adapters, by index."""
     outcomes: dict[int, Outcome] = {}
     layouts: dict[bool, list[_Part]] = {False: [], True: []}
-    for index, request in enumerate(requests):
+    for index, request in requests:
         try:
             part = _prepare(model, index, request)
             layouts[part.packed is not None].append(part)
@@ -86,7 +103,7 @@ def forward_backward_many(model: Any, requests: Sequence[TenantRequest]) -> list
             outcomes[parts[0].index] = _alone(model, parts[0].request)
         elif parts:
             outcomes.update(zip((p.index for p in parts), _run_shared(model, parts), strict=True))
-    return [outcomes[i] for i in range(len(requests))]
+    return outcomes
 
 
 def _alone(model: Any, request: TenantRequest) -> Outcome:
