@@ -1,9 +1,9 @@
 """Expert parallel: EP(2) and EP(2) × ep_fsdp(2) under torchrun (gloo, CPU) against one process.
 
 Two torchrun launches run scripts/ep_equivalence.py: 2 ranks (the functions on Qwen3-MoE,
-Qwen3.5-MoE and the bundled DeepSeek-V3 with DDP-style reduction; TransformersModel under
-FSDP2, under DDP, and with Ulysses SP(2) on the same ranks) and 4 ranks (TransformersModel,
-EP(2) × ep_fsdp(2)).
+Qwen3.5-MoE and the bundled DeepSeek-V3 and GLM-4.5 with DDP-style reduction;
+TransformersModel under FSDP2, under DDP, and with Ulysses SP(2) on the same ranks) and 4
+ranks (TransformersModel, EP(2) × ep_fsdp(2)).
 Tolerances (float32): losses to 1e-6 relative; first-step gradients to 1e-6 absolute and
 parameters after 3 SGD steps to 1e-5 (measured: <= 1.4e-7, <= 2.5e-7); through
 TransformersModel, clipped gradient norms to 1e-6 relative and parameters after 3 AdamW
@@ -50,7 +50,8 @@ def four_ranks(tmp_path_factory, torchrun) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("case", "moe_layers"), [("qwen3_moe", 2), ("qwen3_5_moe", 2), ("deepseek_v3", 1)]
+    ("case", "moe_layers"),
+    [("qwen3_moe", 2), ("qwen3_5_moe", 2), ("deepseek_v3", 1), ("glm4_moe", 1)],
 )
 def test_ep_functions_match_one_process(two_ranks, case, moe_layers):
     for rank in two_ranks:

@@ -11,7 +11,8 @@ TransformersModel does). Both take the same SGD steps; each case records losses,
 largest gradient difference of the first step and the largest parameter difference at the
 end (this rank's experts against the reference's same experts). Cases: Qwen3-MoE and
 Qwen3.5-MoE (shared expert), and the bundled DeepSeek-V3 (MLA attention, a dense first
-layer, sigmoid routing with a bias over 2 expert groups, a shared-experts MLP).
+layer, sigmoid routing with a bias over 2 expert groups, a shared-experts MLP) and GLM-4.5
+(the same routing in one group, partial rotary attention).
 
 TransformersModel: its own loop (AdamW, clipping) with the mesh, against a
 TransformersModel without a mesh on the global batch: FSDP2 for the dense model with the
@@ -65,8 +66,9 @@ SMALL.update(moe_intermediate_size=32)
 
 
 def tiny_config(kind: str):
-    if kind == "deepseek_v3":
-        return AutoConfig.from_pretrained(resolve_model("bundled://tiny-deepseek-v3"))
+    if kind in ("deepseek_v3", "glm4_moe"):
+        name = {"deepseek_v3": "tiny-deepseek-v3", "glm4_moe": "tiny-glm4.5"}[kind]
+        return AutoConfig.from_pretrained(resolve_model(f"bundled://{name}"))
     if kind == "qwen3_moe":
         return AutoConfig.for_model("qwen3_moe", **SMALL, num_experts=4, intermediate_size=128)
     return AutoConfig.for_model(
@@ -322,6 +324,7 @@ def main(out: Path) -> None:
             "qwen3_moe": run_case("qwen3_moe", mesh),
             "qwen3_5_moe": run_case("qwen3_5_moe", mesh),
             "deepseek_v3": run_case("deepseek_v3", mesh),
+            "glm4_moe": run_case("glm4_moe", mesh),
             "model_ep": model_case(fsdp_mesh),
             "model_ep_ddp": model_case(mesh),
             "model_ep_sp": model_case(
