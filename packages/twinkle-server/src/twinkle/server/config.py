@@ -14,6 +14,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from twinkle.server.home import twinkle_home
+from twinkle.server.plugins import (
+    AllowedPlugin,
+    load_allowed_plugins,
+    plugin_list_problems,
+    unresolved,
+)
 
 BUNDLED_CONFIG = Path(__file__).parent / "configs" / "cpu_tiny.yaml"
 
@@ -88,6 +94,16 @@ class AllowList(_Strict):
         "up_proj",
         "down_proj",
     ]
+    plugins: list[AllowedPlugin] = Field(default_factory=list)
+    """Hub plugins whose components the lists above may name as ``id:ClassName``, each
+    pinned to a revision and sha256 (see ``twinkle.server.plugins``)."""
+
+    @model_validator(mode="after")
+    def _plugins_pinned(self) -> AllowList:
+        problems = plugin_list_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class Limits(_Strict):
@@ -215,7 +231,7 @@ def check_allow_lists(config: ServerConfig) -> list[str]:
     from twinkle.preprocessor import PREPROCESSORS
     from twinkle.template.registry import TEMPLATES
 
-    problems = []
+    problems = load_allowed_plugins(config.allow.plugins)
     for what, names, registry in (
         ("losses", config.allow.losses, LOSSES),
         ("optimizers", config.allow.optimizers, OPTIMIZERS),
@@ -223,7 +239,7 @@ def check_allow_lists(config: ServerConfig) -> list[str]:
         ("templates", config.allow.templates, TEMPLATES),
         ("preprocessors", config.allow.preprocessors, PREPROCESSORS),
     ):
-        problems += [f"allow.{what}: unknown name {n!r}" for n in names if n not in registry]
+        problems += [f"allow.{what}: {problem}" for problem in unresolved(names, registry)]
     problems += [
         f"allow.processors: unknown name {n!r}"
         for n in config.allow.processors

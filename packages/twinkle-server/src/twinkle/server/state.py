@@ -16,6 +16,7 @@ from twinkle.server.auth import Principal, authenticate
 from twinkle.server.config import ServerConfig
 from twinkle.server.futures import FutureManager
 from twinkle.server.limits import RateLimiter
+from twinkle.server.plugins import load_allowed_plugins
 from twinkle.server.sessions import SessionManager
 from twinkle.server.store import SQLiteStore, Store
 from twinkle.utils import get_logger
@@ -97,6 +98,9 @@ def load_services(state: ServerState) -> None:
     from twinkle.server.sampler_service import SamplerService
 
     config = state.config
+    problems = load_allowed_plugins(config.allow.plugins)  # once, shared by every tenant
+    if problems:
+        raise ValueError("; ".join(problems))
     if config.mode == "ray":
         start_ray(config)
     state.model = ModelService(

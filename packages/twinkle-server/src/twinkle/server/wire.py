@@ -12,8 +12,10 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from twinkle.data_format import InputFeature, Trajectory, from_jsonable, to_jsonable
+from twinkle.hub.plugin import is_reference
 from twinkle.server.errors import BadRequest
 from twinkle.server.limits import check_depth, check_rows, check_tokens, depth_error
+from twinkle.server.plugins import not_allowed
 
 if TYPE_CHECKING:
     from twinkle.server.config import Limits
@@ -90,6 +92,8 @@ def bounded_workers(kwargs: dict[str, Any], limit: int = 2) -> dict[str, Any]:
 def check_allowed(name: Any, allowed: list[str], what: str) -> str:
     if not isinstance(name, str):
         raise BadRequest(f"{what} must be given by name (a string), got {type(name).__name__}")
+    if name not in allowed and is_reference(name):
+        raise not_allowed(name, allowed, what)
     if name not in allowed:
         raise BadRequest(f"unknown {what} {name!r}; this server allows: {', '.join(allowed)}")
     return name
