@@ -25,7 +25,7 @@ from twinkle.model.checkpoint import TRAINER_STATE
 from twinkle.model.checkpoint_recovery import pause_point
 from twinkle.model.transformers.multi_lora import LoraPoolFullError, MultiLoraTransformersModel
 from twinkle.processor import InputProcessor
-from twinkle.server import tenant_batches
+from twinkle.server import checkpoint_access, tenant_batches
 from twinkle.server.auth import Principal
 from twinkle.server.checkpoint_recovery import reconcile_checkpoints, run_folder_name
 from twinkle.server.checks import number
@@ -418,10 +418,10 @@ class ModelService:
         return str(uri)
 
     def owned_checkpoint(self, principal: Principal, path: Any) -> CheckpointRecord:
-        uri = parse_uri(path)
-        record = self.store.get_checkpoint(principal.key_id, uri.run_id, uri.kind, uri.name)
-        if record is None or not (Path(record.path) / TRAINER_STATE).is_file():
-            raise NotFound(f"no checkpoint {uri}")
+        """A checkpoint to read (load, resume, sample): the caller's own or a published one."""
+        record = checkpoint_access.readable(self.store, principal, path)
+        if not (Path(record.path) / TRAINER_STATE).is_file():
+            raise NotFound(f"no checkpoint {path}")
         return record
 
     def _load(self, principal, live, path: Any = None, load_optimizer: bool = False) -> None:
