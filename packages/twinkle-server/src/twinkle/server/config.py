@@ -134,6 +134,10 @@ class Limits(_Strict):
     pool, rounded up (``ceil(max_loras / 2)``), so one key never holds every slot while
     another waits, and a pool of one still serves its key. Set it to ``max_loras`` to let
     one key take the whole pool."""
+    max_checkpoint_ttl_s: int = Field(default=10 * 365 * 24 * 3600, ge=1)
+    """The longest TTL a checkpoint may be given (Tinker's own bound: ten years)."""
+    download_link_ttl_s: int = Field(default=900, ge=1)
+    """How long a signed download link (an archive, an exported file) stays valid."""
 
 
 class StorageConfig(_Strict):
