@@ -78,13 +78,17 @@ for _short in PACKAGES:
 @nox.session(default=False)
 def fast(session: nox.Session) -> None:
     """The developer's loop: every package's tests that start no process and train no
-    quality bar (the root conftest's tiers), in one venv."""
+    quality bar (the root conftest's tiers), in one venv, one pytest worker per core.
+
+    A module's tests stay on one worker (``--dist loadfile``), so its shared tiny model is
+    built once; each worker computes on one thread, as the cores are already all in use.
+    """
     extras = sorted({f"--extra={e}" for names in TEST_EXTRAS.values() for e in names})
-    uv_sync(session, "--all-packages", "--group=test", *extras)
+    uv_sync(session, "--all-packages", "--group=test", "--group=fast", *extras)
+    session.env["OMP_NUM_THREADS"] = "1"
     tests = [str(ROOT / "packages" / f"twinkle-{short}" / "tests") for short in PACKAGES]
-    session.run(
-        "python", "-m", "pytest", *tests, "-m", "not processes and not slow", *session.posargs
-    )
+    tier = ["-m", "not processes and not slow", "-n", "auto", "--dist", "loadfile"]
+    session.run("python", "-m", "pytest", *tests, *tier, *session.posargs)
 
 
 @nox.session(name="tinker-legacy")
