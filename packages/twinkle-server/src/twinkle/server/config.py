@@ -70,7 +70,15 @@ class AllowList(_Strict):
         "GRPOLoss",
         "GSPOLoss",
         "CISPOLoss",
+        "SAPOLoss",
+        "BNPOLoss",
+        "DRGRPOLoss",
+        "PPOLoss",
         "DPOLoss",
+        "SimPOLoss",
+        "CPOLoss",
+        "ORPOLoss",
+        "GKDLoss",  # teacher_logits travel as a tensor, bounded by limits.max_tensor_elements
     ]
     optimizers: list[str] = ["AdamW", "Adam", "SGD", "default"]
     lr_schedulers: list[str] = [
