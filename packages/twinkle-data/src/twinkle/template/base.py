@@ -411,7 +411,8 @@ class Template:
             index,
             f"assistant turn {turn} renders differently in the whole conversation than turn "
             f"by turn: {difference}. The chat template rewrites earlier turns (Qwen-style "
-            "templates drop the reasoning_content of turns before the last user message), so "
+            "templates drop the reasoning_content of turns before the last user message; "
+            "Mistral's moves the system prompt and tools to the last user turn), so "
             "the labels of that turn would not be the text the model writes when the turn is "
             "its latest. Train only the last turn (train_turns='last'), split the "
             "conversation into one row per turn, or pass history_mismatch='warn' to label the "
