@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 from peft import LoraConfig, PeftConfig
+from torch import nn
 
 from twinkle.data_format import ModelOutput
 from twinkle.infra import remote_function
@@ -55,6 +56,11 @@ class MultiLoraTransformersModel(TransformersModel):
         self.max_loras = max_loras
         self.max_rank = max_rank
         self._row_reasons: dict[str, str | None] = {}  # see tenant_pass.solo_reason
+        # Whether the base model drops out in training (its masks would come from the
+        # process's generators, not the tenants'): such a model's tenants never share a pass.
+        self.base_dropout = any(
+            isinstance(m, nn.Dropout) and m.p > 0 for m in self._hf_model().modules()
+        )
 
     def _add_adapter(
         self,

@@ -34,6 +34,7 @@ from twinkle.loss import chunked_logps, logps_from_logits, prefers_chunked
 from twinkle.model.loss_inputs import align_loss_inputs
 from twinkle.model.precision import autocast
 from twinkle.model.transformers.lora_rows import RowRouter, Segment
+from twinkle.model.transformers.model import _scales_logits
 from twinkle.model.transformers.router_aux_loss import wants_router_aux_loss
 from twinkle.patch import apply_for_batch, is_packed_batch
 from twinkle.processor import InputProcessor, PackedRows
@@ -132,29 +133,9 @@ def solo_reason(model: Any, request: TenantRequest) -> str | None:
         return "the router's auxiliary loss spans the whole batch"
     if _scales_logits(base.config):
         return "the model rescales its logits after the head"
-    if _has_own_dropout(model):
+    if model.base_dropout:
         return "the base model draws dropout of its own"
     return model._row_reasons.get(request.adapter_name)
-
-
-def _scales_logits(config: Any) -> bool:
-    from twinkle.model.transformers.model import _scales_logits as scales
-
-    return scales(config)
-
-
-def _has_own_dropout(model: Any) -> bool:
-    """Whether a module outside the LoRA factors drops out in training (its masks would be
-    drawn from the process's generators, not the tenants')."""
-    cached = getattr(model, "_base_dropout", None)
-    if cached is None:
-        cached = any(
-            isinstance(m, torch.nn.Dropout) and m.p > 0
-            for n, m in model.model.named_modules()
-            if "lora_dropout" not in n
-        )
-        model._base_dropout = cached
-    return cached
 
 
 def _processor_mode(state: Any) -> bool | None:
