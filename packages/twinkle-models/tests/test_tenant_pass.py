@@ -28,7 +28,7 @@ OPTIMIZERS = {
 }
 TENANTS = {
     "alice": LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"),
-    "bob": LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "bob": LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "lm_head"]),
     "carol": LoraConfig(
         r=2, lora_alpha=4, lora_dropout=0.2, target_modules=["gate_proj", "down_proj"]
     ),
