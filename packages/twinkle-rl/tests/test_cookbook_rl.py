@@ -5,6 +5,12 @@ plus accuracy, 0 to 2) clearly: by at least 0.3. Measured (seed 0): 0.350 -> 0.8
 run (7 s on a quiet machine), 0.475 -> 1.363 for the full recipe (600 SFT, 60 GRPO steps).
 DPO: 10 steps move the implicit reward margin of the training pairs above 0.5 (it starts
 at 0: the reference is the initial policy).
+PPO with a critic: after the same warm start, 8 PPO steps of 16 prompts raise the held-out
+reward by at least 0.3 (measured: 0.350 -> 0.812) and the critic explains part of the
+returns' variance by the end.
+GKD: a teacher 2.9x the student's size taught the task (60 SFT steps), then 10 on-policy
+GKD steps bring the untrained student's KL(student || teacher) on the held-out answers down
+by more than a fifth (measured, seed 0: 8.13 -> 5.22).
 """
 
 import importlib.util
@@ -32,3 +38,19 @@ def test_dpo_grows_the_reward_margin():
     recipe = load("dpo_preferences")
     result = recipe.main(["--steps", "10"])
     assert result["train_margin"] > 0.5, result
+
+
+def test_ppo_raises_the_held_out_reward():
+    recipe = load("ppo_arithmetic")
+    result = recipe.main(["--sft-steps", "150", "--ppo-steps", "8", "--prompts-per-step", "16"])
+    before, after = result["before"], result["after"]
+    assert after["reward"] - before["reward"] >= 0.3, result
+    assert after["format"] > before["format"], result
+    assert result["explained_variance"] > 0, result
+
+
+def test_gkd_lowers_the_held_out_kl_to_the_teacher():
+    recipe = load("distil_arithmetic")
+    curve = recipe.main(["--teacher-steps", "60", "--steps", "10"])["held_out_kl"]
+    assert curve[-1] < 0.8 * curve[0], curve
+    assert curve[1] < curve[0], curve
