@@ -1,6 +1,7 @@
 """PolicyMetric: how far the trained policy moved from the sampler's, per RL batch.
 
-Reads ``outputs['policy_stats']``, the detached sums GRPOLoss, GSPOLoss and CISPOLoss return
+Reads ``outputs['policy_stats']``, the detached sums every policy-gradient loss returns
+(GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO)
 (the model puts a loss's extra keys into the outputs its metrics see), and the entropy of the
 policy at the label positions from ``outputs['logits']`` when the model produced them.
 Ignores calls without ``policy_stats`` (supervised batches, step-level calls).
@@ -49,7 +50,8 @@ class PolicyMetric(Metric):
     * ``policy/logp_mismatch``: mean ``|logp - old_logp|`` over tokens; measured on the first
       pass over fresh samples it is the train/sampler numerical mismatch (reported only when
       ``old_logps`` came from a sampler);
-    * ``policy/kl_ref``: k3 KL to the reference model (GRPOLoss with ``beta > 0``);
+    * ``policy/kl_ref``: the loss's KL estimate (k1, k2 or k3) to the reference policy
+      (losses with ``beta > 0``);
     * ``policy/entropy``: mean entropy of the policy where it predicts label tokens (only when
       the model handed over full logits).
     """
