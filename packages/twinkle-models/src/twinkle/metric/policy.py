@@ -1,8 +1,8 @@
 """PolicyMetric: how far the trained policy moved from the sampler's, per RL batch.
 
 Reads ``outputs['policy_stats']``, the detached sums every policy-gradient loss returns
-(GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO)
-(the model puts a loss's extra keys into the outputs its metrics see), and the entropy of the
+(GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO; the model puts a loss's extra keys into the
+outputs its metrics see), and the entropy of the
 policy at the label positions from ``outputs['logits']`` when the model produced them.
 Ignores calls without ``policy_stats`` (supervised batches, step-level calls).
 """
