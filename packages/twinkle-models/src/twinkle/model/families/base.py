@@ -71,12 +71,13 @@ QK_NORM_TP_PLAN = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModelFamily:
     """One family: its name, the ``model_type`` values of its configs, its MoE layout
     (None when dense), its Megatron rules (None when MegatronModel does not convert it)
     and its tensor-parallel plan for TransformersModel (module name patterns under the
-    decoder to a style of ``TP_STYLES``; None when it has none)."""
+    decoder to a style of ``TP_STYLES``; None when it has none). Compared and hashed by
+    identity: a registered family is one object."""
 
     name: str
     model_types: tuple[str, ...]
