@@ -163,6 +163,14 @@ def test_turn_and_token_limits(template):
     (full,) = rollout([task_row(1, 2)])
     assert full.stop_reason == "max_tokens" and len(full.tokens) == 40
 
+    rollout, _ = rollout_of(template, [[long_turn]], env=BreaksOnSecondStep, max_tokens=5)
+    (no_room,) = rollout([task_row(1, 2)])  # the prompt alone is over the limit
+    assert no_room.stop_reason == "max_tokens" and no_room.num_sampled_tokens == 0
+    dropping = Qwen3_5Template(MODEL_ID, max_length=5, truncation_strategy="delete")
+    rollout, _ = rollout_of(dropping, [[long_turn]], env=BreaksOnSecondStep)
+    (dropped,) = rollout([task_row(1, 2)])  # the template dropped the long prompt
+    assert dropped.stop_reason == "max_tokens" and dropped.tokens == []
+
     rollout, _ = rollout_of(template, [[long_turn]], env=BreaksOnSecondStep)
     rollout.sampling_params = SamplingParams(max_tokens=8)
     (cut,) = rollout([task_row(1, 2)])

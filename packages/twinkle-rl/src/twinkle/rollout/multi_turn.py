@@ -114,7 +114,8 @@ class MultiTurnRollout:
         prompt = self.template.encode(
             {"messages": episode.observation, "tools": episode.tools}, add_generation_prompt=True
         )
-        ids = np.asarray(prompt.input_ids).reshape(-1).tolist()
+        # A template with truncation_strategy='delete' drops a prompt over its max_length.
+        ids = [] if prompt is None else np.asarray(prompt.input_ids).reshape(-1).tolist()
         trajectory = RolloutTrajectory(
             index,
             task,
@@ -127,7 +128,7 @@ class MultiTurnRollout:
             tools=episode.tools,
             user_data=episode.user_data,
         )
-        if len(ids) >= self.max_tokens:
+        if prompt is None or len(ids) >= self.max_tokens:
             trajectory.stop_reason = "max_tokens"
         return trajectory
 
