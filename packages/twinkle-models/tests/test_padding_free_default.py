@@ -251,3 +251,27 @@ def test_a_model_with_a_causal_convolution_cannot_pack():
         ValueError, match=r"attention 'sdpa'\) has layers that carry state along the row \(Conv1d"
     ):
         model.forward_backward(inputs=skewed(VOCAB))
+
+
+def test_packed_rows_from_a_packing_dataset_train_without_setting_a_processor():
+    """The documents' padding-free section: PackingDataset rows go straight to the model."""
+    rows = skewed(VOCAB)
+    packed = [
+        {
+            "input_ids": rows[0]["input_ids"] + rows[1]["input_ids"],
+            "labels": rows[0]["labels"] + rows[1]["labels"],
+            "position_ids": list(range(3)) + list(range(17)),
+        },
+        rows[2],
+    ]
+    default, forced = build("qwen3", None), build("qwen3", True)
+    torch.testing.assert_close(
+        default.forward_backward(inputs=packed).loss,
+        forced.forward_backward(inputs=packed).loss,
+        atol=0.0,
+        rtol=0.0,
+    )
+    unpacked = run("qwen3", False, rows[:3])["trained"]
+    torch.testing.assert_close(
+        default.forward_backward(inputs=packed).loss, unpacked.loss, atol=0.0, rtol=1e-5
+    )
