@@ -6,9 +6,10 @@ TransformersModel under FSDP2, under DDP, and with Ulysses SP(2) on the same ran
 ranks (TransformersModel, EP(2) × ep_fsdp(2)).
 Tolerances (float32): losses to 1e-6 relative; first-step gradients to 1e-6 absolute and
 parameters after 3 SGD steps to 1e-5 (measured: <= 1.4e-7, <= 2.5e-7); through
-TransformersModel, clipped gradient norms to 1e-6 relative and parameters after 3 AdamW
-steps (lr 1e-2) to 1e-4 (measured: <= 1.6e-5; Adam turns float32 noise on near-zero
-gradients into step-sized differences).
+TransformersModel, the first step's loss and clipped gradient norm to 1e-6 relative and
+later ones to 1e-5 (measured: <= 1.6e-6), parameters after 3 AdamW steps (lr 1e-2) to 1e-4
+(measured: <= 1.6e-5; Adam turns float32 noise on near-zero gradients into step-sized
+differences).
 Checkpoints under EP(2) (FSDP2 and DDP in the 2-rank launch, × ep_fsdp(2) in the 4-rank
 one): the saved folder loads in one process with transformers and equals the gathered
 weights exactly, as does TransformersModel(...).load in one process; a resume continues bit
@@ -67,8 +68,13 @@ def test_ep_functions_match_one_process(two_ranks, case, moe_layers):
 def check_model_case(ranks: list[dict], case: str) -> None:
     for rank in ranks:
         got = rank[case]
-        assert got["losses_ep"] == pytest.approx(got["losses_ref"], rel=1e-6)
-        assert got["grad_norms_ep"] == pytest.approx(got["grad_norms_ref"], rel=1e-6)
+        # Step 1 starts from the same weights. After an AdamW step the weights differ by
+        # float32 noise that Adam scales up to step size (parameters: 1e-4 below), so later
+        # losses and gradient norms agree to 1e-5 (measured 1.6e-6).
+        for name in ("losses", "grad_norms"):
+            (first, *later), (first_ref, *later_ref) = got[f"{name}_ep"], got[f"{name}_ref"]
+            assert first == pytest.approx(first_ref, rel=1e-6), name
+            assert later == pytest.approx(later_ref, rel=1e-5), name
     # Rank 0 compares every weight, the experts gathered whole from the EP ranks.
     assert ranks[0][case]["weights_compared"] == 25
     assert ranks[0][case]["max_param_diff"] < 1e-4
