@@ -6,6 +6,7 @@ test_served_process.py.)"""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,24 @@ def test_models_lists_the_base_model_and_only_the_callers_adapters(served):
     assert [m["id"] for m in _v1(bob, "/models").json()["data"]] == [BASE]
     assert _v1(alice, f"/models/{uri}").json()["id"] == uri
     assert _v1(bob, f"/models/{uri}").status_code == 404
+
+
+def test_an_expired_checkpoint_is_neither_listed_nor_served_before_the_reaper_runs(served):
+    state, alice, _, run, uri = served
+    record = state.store.list_checkpoints(alice.key_id(), run)[0]
+    key = (alice.key_id(), record.run_id, record.kind, record.name)
+    state.store.set_checkpoint_expiry(*key, expires_at=time.time() - 1)
+    try:
+        assert [m["id"] for m in _v1(alice, "/models").json()["data"]] == [BASE]
+        assert _v1(alice, f"/models/{uri}").status_code == 404
+        assert _v1(alice, f"/models/twinkle://{run}").status_code == 404
+    finally:
+        state.store.set_checkpoint_expiry(*key, expires_at=None)
+    assert [m["id"] for m in _v1(alice, "/models").json()["data"]] == [
+        BASE,
+        uri,
+        f"twinkle://{run}",
+    ]
 
 
 def test_a_completion_is_what_the_sampler_gives_for_the_same_tokens_and_seed(served):

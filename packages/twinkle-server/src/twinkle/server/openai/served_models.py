@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twinkle.server.auth import Principal
+from twinkle.server.checkpoint_access import live
 from twinkle.server.errors import NotFound
 from twinkle.server.names import RUN_ID, SCHEME
 from twinkle.server.state import ServerState
@@ -46,7 +47,7 @@ def listed(state: ServerState, principal: Principal) -> list[ServedModel]:
     each of its runs that saved sampler weights (oldest first)."""
     base = state.config.model.model_id
     models = [ServedModel(base, int(state.started_at), "twinkle", None)]
-    records = state.store.list_checkpoints(principal.key_id)
+    records = _live_checkpoints(state, principal)
     models += [_served(r, principal, _uri(r)) for r in records]
     latest: dict[str, CheckpointRecord] = {}
     for record in records:
@@ -59,14 +60,22 @@ def listed(state: ServerState, principal: Principal) -> list[ServedModel]:
 def _latest_of_run(state: ServerState, principal: Principal, name: str, run_id: str):
     if not RUN_ID.match(run_id) or state.store.get_run(principal.key_id, run_id) is None:
         raise NotFound(f"no training run {run_id!r}")
-    records = state.store.list_checkpoints(principal.key_id, run_id)
-    sampler = [r for r in records if r.kind == "sampler_weights"]
+    sampler = [
+        r for r in _live_checkpoints(state, principal, run_id) if r.kind == "sampler_weights"
+    ]
     if not sampler:
         raise NotFound(
             f"training run {run_id!r} has saved no sampler weights yet: call "
             "save_weights_for_sampler, or name one of its checkpoints"
         )
     return _served(sampler[-1], principal, name)
+
+
+def _live_checkpoints(
+    state: ServerState, principal: Principal, run_id: str | None = None
+) -> list[CheckpointRecord]:
+    """The caller's checkpoints that have not expired (the reaper deletes the rest later)."""
+    return [r for r in state.store.list_checkpoints(principal.key_id, run_id) if live(r)]
 
 
 def _uri(record: CheckpointRecord) -> str:
