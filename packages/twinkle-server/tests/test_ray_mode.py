@@ -1,5 +1,5 @@
 """``mode: ray``: the same routes, with the model and the sampler built on the workers of
-their own Ray device groups."""
+their own Ray device groups, and the operator's pinned plugins loaded on those workers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from twinkle.server.app import create_app
 from twinkle.server.auth import create_key
-from twinkle.server.config import ServerConfig
+from twinkle.server.config import AllowList, ServerConfig
 from twinkle.server.state import build_state
 
 MODEL_ID = "bundled://tiny-qwen3"
@@ -19,6 +19,33 @@ FEATURE = {"input_ids": [1, 2, 3, 4, 5, 6], "labels": [-100, -100, 3, 4, 5, 6]}
 PROMPTS = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in (1, 2)]
 PARAMS = {"max_tokens": 6, "seed": 3, "logprobs": 1}
 LOGPROB_TOLERANCE = 1e-5  # the same kernels on the same CPU: equal up to float rounding
+# A hub plugin in an offline Hugging Face cache: loading its code needs consent, which the
+# workers only have through the server's pins.
+PLUGIN_REPO, PLUGIN_COMMIT = "hf://org/ray-plugin", "0123456789abcdef0123456789abcdef01234567"
+PLUGIN = """
+from twinkle.loss import CrossEntropyLoss
+
+
+class DoubledLoss(CrossEntropyLoss):
+    def __call__(self, inputs, outputs, **kwargs):
+        result = super().__call__(inputs, outputs, **kwargs)
+        return {**result, "loss": 2 * result["loss"]}
+"""
+
+
+def _hf_plugin(cache) -> str:
+    """The plugin's snapshot in the cache; its sha256 for the pin."""
+    from twinkle.hub.plugin import plugin_sha256
+
+    repo = cache / "models--org--ray-plugin"
+    snapshot = repo / "snapshots" / PLUGIN_COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "doubled.py").write_text(PLUGIN)
+    manifest = {"module": "doubled.py", "components": ["DoubledLoss"]}
+    (snapshot / "twinkle_plugin.json").write_text(json.dumps(manifest))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(PLUGIN_COMMIT)
+    return plugin_sha256(snapshot)
 
 
 def test_ray_mode_needs_the_groups_it_places_components_on(tmp_path):
@@ -35,6 +62,13 @@ def ray_server(tmp_path_factory):
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ["PYTHONDONTWRITEBYTECODE"] = ""
+    hf_cache = tmp_path_factory.mktemp("hf")
+    sha256 = _hf_plugin(hf_cache)
+    # set before ray.init: the workers take the driver's environment (restored at the end)
+    hub_env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache)}
+    saved = {n: os.environ.get(n) for n in [*hub_env, "TWINKLE_TRUST_REMOTE_CODE"]}
+    os.environ.update(hub_env)
+    os.environ.pop("TWINKLE_TRUST_REMOTE_CODE", None)
     ray.init(
         num_cpus=4,
         include_dashboard=False,
@@ -45,14 +79,18 @@ def ray_server(tmp_path_factory):
     config = ServerConfig.model_validate(
         {
             "mode": "ray",
-            "model": {"model_id": MODEL_ID, "max_loras": 4, "device": "cpu"},
-            "limits": {"max_loras_per_key": 4},  # one key runs every test's adapters
+            "model": {"model_id": MODEL_ID, "max_loras": 5, "device": "cpu"},
+            "limits": {"max_loras_per_key": 5},  # one key runs every test's adapters
             "sampler": {"enabled": True, "kind": "torch"},
             "device_groups": [
                 {"name": "model", "ranks": 1, "device_type": "cpu"},
                 {"name": "sampler", "ranks": 1, "device_type": "cpu"},
             ],
             "storage": {"home": str(home)},
+            "allow": {
+                "losses": [*AllowList().losses, f"{PLUGIN_REPO}:DoubledLoss"],
+                "plugins": [{"id": PLUGIN_REPO, "revision": PLUGIN_COMMIT, "sha256": sha256}],
+            },
         }
     )
     state = build_state(config)
@@ -65,6 +103,11 @@ def ray_server(tmp_path_factory):
         ray_runtime.shutdown()
         reset()
         ray.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def test_training_saving_and_loading_through_a_ray_worker(ray_server):
@@ -180,3 +223,25 @@ def test_a_bad_loss_input_on_a_ray_worker_is_a_400_naming_it(ray_server):
     assert "Traceback" not in bad.text and "worker rank" not in bad.text
     good = call("forward_backward", inputs=[FEATURE], advantages=[1.0], old_logps=[[-1.0] * 4])
     assert good.status_code == 200, good.text
+
+
+def test_a_pinned_plugin_loss_runs_on_the_ray_worker(ray_server):
+    """The worker resolves the tenant's plugin loss from the pins the server loaded there:
+    without them it would have to load hub code it has no consent for."""
+    _, http, headers = ray_server
+    session = http.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
+    body = {"session_id": session, "config": {"r": 4}}
+    added = http.post("/api/v1/twinkle/model/add_adapter_to_model", json=body, headers=headers)
+    run = added.json()["result"]["training_run_id"]
+
+    def loss_with(loss: str) -> float:
+        body = {"training_run_id": run, "args": {"loss": loss}}
+        chosen = http.post("/api/v1/twinkle/model/set_loss", json=body, headers=headers)
+        assert chosen.status_code == 200, chosen.text
+        body = {"training_run_id": run, "args": {"inputs": [FEATURE]}}
+        answer = http.post("/api/v1/twinkle/model/forward_only", json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["result"]["loss"]
+
+    plain = loss_with("CrossEntropyLoss")
+    assert loss_with(f"{PLUGIN_REPO}:DoubledLoss") == pytest.approx(2 * plain, rel=1e-5)

@@ -11,7 +11,8 @@ pins the repo under ``allow.plugins`` (its id, revision and the sha256 its load 
       plugins:
         - {id: "ms://org/repo", revision: "v1.0", sha256: "3b0c...e9"}
 
-The server loads each pinned plugin once, at start (``load_allowed_plugins``), and every
+The server loads each pinned plugin once, at start (``load_allowed_plugins``; in ``mode:
+ray`` also in every worker of the device groups, ``load_plugins_on_groups``), and every
 tenant shares it; files that hash otherwise stop the start. A tenant naming a component
 that is not listed gets a 403 naming the allow-list (``not_allowed``).
 """
@@ -23,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from twinkle.hub.plugin import Plugin, is_reference, split_reference
+from twinkle.infra import remote_class
 from twinkle.server.errors import Forbidden
 
 COMPONENT_LISTS = ("losses", "optimizers", "lr_schedulers", "templates", "preprocessors")
@@ -77,6 +79,28 @@ def load_allowed_plugins(plugins: list[AllowedPlugin]) -> list[str]:
         except (ValueError, OSError) as error:
             problems.append(f"allow.plugins[{index}] ({plugin.id}): {error}")
     return problems
+
+
+@remote_class(execute="all")
+class WorkerPlugins:
+    """The pinned plugins, loaded in every worker of a Ray device group (``mode: ray``): the
+    model resolves a tenant's ``id:ClassName`` in the worker it runs in, and a worker
+    process never loads plugin code on its own (it has no consent to)."""
+
+    def __init__(self, plugins: list[dict[str, Any]]) -> None:
+        pins = [AllowedPlugin.model_validate(plugin) for plugin in plugins]
+        problems = load_allowed_plugins(pins)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def load_plugins_on_groups(plugins: list[AllowedPlugin], groups: list[str]) -> None:
+    """Load the pinned plugins on every worker of ``groups`` (before the components that
+    resolve names are built there); a worker that cannot load them stops the start."""
+    if plugins:
+        pins = [plugin.model_dump() for plugin in plugins]
+        for group in groups:
+            WorkerPlugins(pins, remote_group=group)
 
 
 def unresolved(names: list[str], registry: Any) -> list[str]:

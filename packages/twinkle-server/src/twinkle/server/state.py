@@ -16,7 +16,7 @@ from twinkle.server.auth import Principal, authenticate
 from twinkle.server.config import ServerConfig
 from twinkle.server.futures import FutureManager
 from twinkle.server.limits import RateLimiter
-from twinkle.server.plugins import load_allowed_plugins
+from twinkle.server.plugins import load_allowed_plugins, load_plugins_on_groups
 from twinkle.server.sessions import SessionManager
 from twinkle.server.store import SQLiteStore, Store
 from twinkle.utils import get_logger
@@ -103,6 +103,7 @@ def load_services(state: ServerState) -> None:
         raise ValueError("; ".join(problems))
     if config.mode == "ray":
         start_ray(config)
+        load_plugins_on_groups(config.allow.plugins, [g.name for g in config.device_groups])
     state.model = ModelService(
         config, state.store, state.home, when_a_slot_frees=state.sessions.when_a_slot_frees
     )
