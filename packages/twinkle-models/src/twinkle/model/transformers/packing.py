@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from twinkle.model.transformers.strategy.ulysses_attention import WRAPPED as ULYSSES_WRAPPED
 from twinkle.patch import GatedDeltaNetPaddingFreePatch
 from twinkle.patch.gated_delta_net import is_gated_delta_net
 from twinkle.processor import PackedRows, pack_padded
@@ -53,8 +54,10 @@ class PackingSupport:
 
 
 def attention_implementation(model: nn.Module) -> str:
+    """The attention that sees the sequences: for Ulysses attention, the one it wraps."""
     config = model.config.get_text_config()
-    return str(getattr(config, "_attn_implementation", None) or "eager")
+    name = str(getattr(config, "_attn_implementation", None) or "eager")
+    return ULYSSES_WRAPPED.get(name, name)
 
 
 def packing_support(model: nn.Module) -> PackingSupport:

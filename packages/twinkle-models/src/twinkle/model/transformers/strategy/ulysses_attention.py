@@ -22,6 +22,9 @@ from twinkle.model.transformers.strategy.ulysses_comm import all_to_all
 
 SUPPORTED_INNER = ("sdpa", "eager")
 _names = itertools.count()
+WRAPPED: dict[str, str] = {}
+"""Each registered Ulysses attention's name -> the implementation it runs on the heads it
+holds (what decides, for instance, whether packed sequences stay apart)."""
 
 
 def _inner_attention(name: str, module: torch.nn.Module) -> Callable:
@@ -44,4 +47,5 @@ def register_ulysses_attention(inner: str, group: dist.ProcessGroup) -> str:
 
     name = f"twinkle_ulysses_{inner}_{next(_names)}"
     AttentionInterface.register(name, ulysses_attention)
+    WRAPPED[name] = inner
     return name
