@@ -106,7 +106,9 @@ def run_python(
             f"timeout_s, memory_mb and max_output_chars must be positive, got {timeout_s}, "
             f"{memory_mb}, {max_output_chars}"
         )
-    cpu_s = max(1, int(timeout_s + 0.999))
+    # A backstop above the wall clock: one thread's CPU time cannot reach it before the
+    # wall-clock kill (which reports "time"); threads burning CPU faster than that can.
+    cpu_s = int(timeout_s) + 2
     limits = [str(memory_mb * 2**20), str(cpu_s), str(16 * 2**20)]
     command = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, *limits]
     if network_namespace_available():
