@@ -49,7 +49,9 @@ def test_build_loss_from_name_class_or_instance():
 
 
 def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match="unknown loss 'GRPO'; known: BNPOLoss, CISPOLoss, .*MSELoss"):
+    with pytest.raises(
+        ValueError, match="unknown loss 'GRPO'; known: BNPOLoss, CISPOLoss, .*MSELoss"
+    ):
         build_loss("GRPO")
 
 
