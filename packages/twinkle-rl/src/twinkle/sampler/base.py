@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,7 @@ class Sampler(ABC):
     streams_tokens: bool = False
     """Whether ``sample_many`` calls a request's ``on_token`` (TorchSampler does)."""
 
-    @abstractmethod
+    @remote_function(dispatch="slice_dp", collect="flatten")
     def sample(
         self,
         inputs: Any,
@@ -72,6 +72,18 @@ class Sampler(ABC):
         """One SampleResponse per prompt, in input order. ``adapter_name`` picks a loaded
         LoRA adapter; None picks the 'default' (else the first) one when any is loaded, else
         the base model; ``BASE_MODEL`` always samples the base model."""
+        request = SampleRequest(inputs, sampling_params, adapter_name, num_samples)
+        outcome = self.sample_many([request])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    @abstractmethod
+    def sample_many(
+        self, requests: Sequence[SampleRequest]
+    ) -> list[list[SampleResponse] | Exception]:
+        """Several ``sample`` calls, each's responses or the exception that refused it alone,
+        in order."""
 
     @remote_function(dispatch="all", collect="first")
     def set_template(self, template: Any, **kwargs: Any) -> None:

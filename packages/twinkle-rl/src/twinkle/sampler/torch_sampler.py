@@ -132,21 +132,6 @@ class TorchSampler(Sampler):
 
     # ---- sampling -------------------------------------------------------------------------
 
-    @remote_function(dispatch="slice_dp", collect="flatten")
-    def sample(
-        self,
-        inputs: Any,
-        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
-        *,
-        adapter_name: str | None = None,
-        num_samples: int | None = None,
-    ) -> list[SampleResponse]:
-        request = SampleRequest(inputs, sampling_params, adapter_name, num_samples)
-        outcome = self.sample_many([request])[0]
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
     @remote_function(dispatch="all", collect="first")
     def sample_many(
         self, requests: Sequence[SampleRequest]

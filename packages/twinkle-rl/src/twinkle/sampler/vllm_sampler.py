@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from twinkle.data_format import SampleResponse, SamplingParams
+from twinkle.data_format import SampleResponse
 from twinkle.hub import resolve_model
 from twinkle.infra import remote_class, remote_function
 from twinkle.mesh import DeviceMesh
@@ -79,21 +79,6 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
         self._lora: dict[str, Any] = {}
         self._lora_loads = 0
         self._lora_dir = Path(tempfile.mkdtemp(prefix="twinkle-vllm-lora-"))
-
-    @remote_function(dispatch="slice_dp", collect="flatten")
-    def sample(
-        self,
-        inputs: Any,
-        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
-        *,
-        adapter_name: str | None = None,
-        num_samples: int | None = None,
-    ) -> list[SampleResponse]:
-        request = SampleRequest(inputs, sampling_params, adapter_name, num_samples)
-        outcome = self.sample_many([request])[0]
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
 
     @remote_function(dispatch="all", collect="first")
     def sample_many(
