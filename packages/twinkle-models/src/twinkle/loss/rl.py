@@ -23,6 +23,7 @@ statistics, clipped units, the k3 estimate of KL(sampler || policy), the referen
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,10 +60,11 @@ class TokenPolicyLoss(Loss):
         self.beta = check_beta(owner, beta)
         self.kl_estimator = check_kl_estimator(owner, kl_estimator)
 
+    @abstractmethod
     def token_terms(
         self, policy: PolicyInputs, ratio: torch.Tensor, advantages: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """Each token's loss term, and where its clip is active (the clip fraction)."""
 
     def reduce(
         self, policy: PolicyInputs, per_token: torch.Tensor

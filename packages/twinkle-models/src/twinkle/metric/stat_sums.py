@@ -5,6 +5,7 @@ every micro-batch and rank is weighted by its units, as the gradient is."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -53,5 +54,6 @@ class StatSumsMetric(Metric):
             return {}
         return self.figures(totals)
 
+    @abstractmethod
     def figures(self, totals: dict[str, float]) -> dict[str, float]:
-        raise NotImplementedError
+        """The metric's figures from the totals (``count_field``'s is not zero)."""

@@ -4,6 +4,7 @@ one, and the registry the formats are found in by name."""
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any
 
 from twinkle.utils import Registry
@@ -44,7 +45,7 @@ def load_json(raw: str, text: str) -> Any:
         raise ToolCallError(f"the tool call is not valid JSON ({err.msg})", text) from err
 
 
-class ToolCallFormat:
+class ToolCallFormat(ABC):
     """How one chat format writes tool calls in the assistant's text.
 
     ``parse(text)`` returns ``(content, calls)``: the text outside the calls (stripped)
@@ -55,8 +56,9 @@ class ToolCallFormat:
     name = ""
     markers: tuple[str, ...] = ()
 
+    @abstractmethod
     def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        raise NotImplementedError
+        """``(content, calls)`` of ``text``."""
 
 
 TOOL_CALL_FORMATS: Registry[type[ToolCallFormat]] = Registry(
