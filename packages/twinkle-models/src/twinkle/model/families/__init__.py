@@ -10,6 +10,7 @@ from twinkle.model.families.base import (
     MegatronRules,
     ModelFamily,
     MoeLayout,
+    PipelineLayout,
     unwrapped,
 )
 from twinkle.model.families.registry import (
@@ -29,6 +30,7 @@ __all__ = [
     "MegatronRules",
     "ModelFamily",
     "MoeLayout",
+    "PipelineLayout",
     "family_of",
     "known_families",
     "model_type_of",

@@ -71,12 +71,33 @@ QK_NORM_TP_PLAN = {
 }
 
 
+@dataclass(frozen=True)
+class PipelineLayout:
+    """Where a decoder keeps what pipeline parallel splits: the attribute names, on the
+    decoder (``model.get_decoder()``), of the token embedding (first stage), the list of
+    layers (split over the stages), the final norm and the rotary embedding (every stage
+    computes it), and, on the causal LM, of its head (last stage). Each layer is called as
+    transformers' decoders call theirs: ``layer(hidden, attention_mask=<mask of its layer
+    type>, position_embeddings=..., position_ids=...)``."""
+
+    embed: str = "embed_tokens"
+    layers: str = "layers"
+    norm: str = "norm"
+    rotary: str = "rotary_emb"
+    head: str = "lm_head"
+
+
+DECODER_LAYOUT = PipelineLayout()
+"""The layout of transformers' standard decoders (Llama, Qwen2, Qwen3)."""
+
+
 @dataclass(frozen=True, eq=False)
 class ModelFamily:
     """One family: its name, the ``model_type`` values of its configs, its MoE layout
     (None when dense), its Megatron rules (None when MegatronModel does not convert it)
-    and its tensor-parallel plan for TransformersModel (module name patterns under the
-    decoder to a style of ``TP_STYLES``; None when it has none). Compared and hashed by
+    its tensor-parallel plan for TransformersModel (module name patterns under the
+    decoder to a style of ``TP_STYLES``; None when it has none) and its ``pipeline`` layout
+    (None: TransformersModel does not split it into pipeline stages). Compared and hashed by
     identity: a registered family is one object."""
 
     name: str
@@ -84,6 +105,7 @@ class ModelFamily:
     moe: MoeLayout | None = None
     megatron: MegatronRules | None = None
     tp_plan: dict[str, str] | None = None
+    pipeline: PipelineLayout | None = None
 
     def is_moe_block(self, module: nn.Module) -> bool:
         """Whether ``module`` is one of this family's MoE blocks."""

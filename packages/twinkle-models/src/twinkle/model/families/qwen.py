@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.model.families.base import (
+    DECODER_LAYOUT,
     DENSE_TP_PLAN,
     QK_NORM_TP_PLAN,
     MegatronRules,
@@ -32,10 +33,18 @@ def qwen3_moe_megatron(config: Any) -> dict[str, Any]:
 
 
 QWEN2 = ModelFamily(
-    "qwen2", ("qwen2",), megatron=MegatronRules(qkv_bias=True), tp_plan=DENSE_TP_PLAN
+    "qwen2",
+    ("qwen2",),
+    megatron=MegatronRules(qkv_bias=True),
+    tp_plan=DENSE_TP_PLAN,
+    pipeline=DECODER_LAYOUT,
 )
 QWEN3 = ModelFamily(
-    "qwen3", ("qwen3",), megatron=MegatronRules(qk_norm=True), tp_plan=QK_NORM_TP_PLAN
+    "qwen3",
+    ("qwen3",),
+    megatron=MegatronRules(qk_norm=True),
+    tp_plan=QK_NORM_TP_PLAN,
+    pipeline=DECODER_LAYOUT,
 )
 QWEN3_MOE = ModelFamily(
     "qwen3_moe",
