@@ -4,7 +4,8 @@ over the whole of it.
 Megatron cuts a sequence of length T into 2 × cp equal chunks and gives rank r chunks
 r and 2 × cp - 1 - r (``megatron.core.utils.get_batch_on_this_cp_rank``), so every rank
 gets as much causal work as the others; its rotary embedding takes the same chunks of
-the positions (``get_pos_emb_on_this_cp_rank``). ``sequence_chunks`` follows that split.
+the positions (``get_pos_emb_on_this_cp_rank``). ``twinkle.model.zigzag.sequence_chunks``
+follows that split.
 
 megatron-core 0.16 runs context parallel only in Transformer Engine's attention; the
 local spec's ``DotProductAttention`` refuses it. ``ContextParallelAttention`` takes its
@@ -30,24 +31,13 @@ from typing import Any
 import torch
 
 from twinkle.loss.base import IGNORE_INDEX
+from twinkle.model.zigzag import rank_order, sequence_chunks
 
 
 def cp_size() -> int:
     from megatron.core import parallel_state
 
     return parallel_state.get_context_parallel_world_size()
-
-
-def sequence_chunks(length: int, size: int, rank: int, device=None) -> torch.Tensor:
-    """The sequence positions cp rank ``rank`` of ``size`` holds, in its local order."""
-    if length % (2 * size):
-        raise ValueError(
-            f"context parallel over {size} ranks cuts the sequence into {2 * size} equal "
-            f"chunks; length {length} is not a multiple of {2 * size}"
-        )
-    chunk = length // (2 * size)
-    firsts = (rank, 2 * size - 1 - rank)
-    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=device) for c in firsts])
 
 
 def _local_positions(length: int, device=None) -> torch.Tensor:
@@ -77,7 +67,7 @@ class _GatherSequence(torch.autograd.Function):
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
         length = local.shape[1] * size
-        order = torch.cat([sequence_chunks(length, size, r, local.device) for r in range(size)])
+        order = rank_order(length, size, local.device)
         full = torch.empty(
             (local.shape[0], length, *local.shape[2:]), dtype=local.dtype, device=local.device
         )
@@ -144,8 +134,7 @@ def _gather_kv(local: torch.Tensor) -> torch.Tensor:
 def _rank_order_positions(local_length: int, device) -> torch.Tensor:
     """Global positions of the keys ``_gather_kv`` returns, in its order."""
     size = cp_size()
-    length = local_length * size
-    return torch.cat([sequence_chunks(length, size, r, device) for r in range(size)])
+    return rank_order(local_length * size, size, device)
 
 
 def _make_attention_class():
