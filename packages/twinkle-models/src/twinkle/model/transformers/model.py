@@ -41,6 +41,7 @@ from twinkle.model.transformers.checkpointing import CheckpointingMixin
 from twinkle.model.transformers.compile import CompiledLayers, compile_options
 from twinkle.model.transformers.embedding_model import MODEL_INPUT_KEYS, EmbeddingModelMixin
 from twinkle.model.transformers.loading import load_causal_lm
+from twinkle.model.transformers.moe.routing_replay import RoutingReplay
 from twinkle.model.transformers.packing import AutoPacking
 from twinkle.model.transformers.router_aux_loss import (
     record_router_logits,
@@ -96,6 +97,11 @@ class TransformersModel(
     where compilation fails, the layers run eagerly after one warning naming the cause.
     Batches whose rows differ in length by the model's choice run padding-free
     (``transformers.packing``) unless the processor says otherwise.
+
+    ``routing_replay=True`` (a MoE for RL): ``forward_only`` records the experts each router
+    chose for its batch, and ``forward``/``forward_backward`` on that batch (or its
+    micro-batches) route to them (``moe.routing_replay``); each call's ``routing_replay``
+    argument overrides the model's.
     """
 
     def __init__(
@@ -114,8 +120,10 @@ class TransformersModel(
         expert_parallel: Any = None,
         sequence_parallel: Any = None,
         compile: bool | Mapping[str, Any] = False,
+        routing_replay: bool = False,
         **from_pretrained_kwargs: Any,
     ) -> None:
+        self._routing = RoutingReplay(routing_replay)
         if ddp_config is not None and not isinstance(ddp_config, Mapping):
             raise TypeError(
                 f"ddp_config must be a dict of DistributedDataParallel keyword arguments, got "
@@ -493,6 +501,7 @@ class TransformersModel(
         adapter_name: str | None = None,
         micro_batch_size: int | None = None,
         task: str = "causal_lm",
+        routing_replay: bool | None = None,
         **loss_kwargs: Any,
     ) -> ModelOutput:
         """Forward, loss and backward; gradients and the token count accumulate until a step.
@@ -522,14 +531,24 @@ class TransformersModel(
         loss_kwargs = align_loss_inputs(batch, loss_kwargs)
         loss_sum, tokens, logps = 0.0, 0.0, []
         micro_batches = self._micro_batches(batch, loss_kwargs, micro_batch_size)
+        replay, start = self._routing.active(routing_replay), 0
         for index, (micro, micro_kwargs) in enumerate(micro_batches):
             final = self._steps_now(state) and index == len(micro_batches) - 1
-            outputs = self._run(state, self._forward, micro, final_backward=final)
-            loss, num_tokens = self._loss(micro, outputs, state, **micro_kwargs)
-            self._backward(state, micro, outputs, loss, num_tokens)
+            rows = slice(start, start + micro["input_ids"].shape[0])
+            start = rows.stop
+            # Open through the backward: a checkpointed layer's recompute routes again.
+            with self._replaying(state, batch, rows, micro, replay):
+                outputs = self._run(state, self._forward, micro, final_backward=final)
+                loss, num_tokens = self._loss(micro, outputs, state, **micro_kwargs)
+                self._backward(state, micro, outputs, loss, num_tokens)
             loss_sum, tokens = loss_sum + float(loss.detach()), tokens + num_tokens
             logps.append(outputs["logps"].detach().cpu())
         return ModelOutput(loss=loss_sum / tokens, logps=_pad_cat(logps), num_tokens=tokens)
+
+    def _replaying(self, state: TrainState, batch: dict, rows: slice, micro: dict, on: bool):
+        """The routing replay of ``micro`` (rows ``rows`` of ``batch``), when on."""
+        splits = on and self._parallel().splits_sequences
+        return self._routing.replay(self._hf_model(), batch, state.name, rows, micro, splits, on)
 
     def _backward(
         self, state: TrainState, batch: dict, outputs: dict, loss: torch.Tensor, num_tokens: float
@@ -566,14 +585,25 @@ class TransformersModel(
     # before backward: forward(inputs); calculate_loss(**kw); backward().
 
     @remote_function(dispatch=slice_dp_rows, collect="first")
-    def forward(self, inputs: Any, *, adapter_name: str | None = None) -> ModelOutput:
+    def forward(
+        self, inputs: Any, *, adapter_name: str | None = None, routing_replay: bool | None = None
+    ) -> ModelOutput:
         """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
         state = self._state(adapter_name)
         self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
         batch = self._collate(inputs, state)
-        outputs = self._run(state, self._forward, batch, final_backward=self._steps_now(state))
+        replay = self._routing.active(routing_replay)
+        if replay and self.gradient_checkpointing:
+            raise ValueError(
+                "routing replay with gradient checkpointing recomputes the routers in "
+                "backward(), after forward() returned: use forward_backward, which replays "
+                "through its backward, or pass routing_replay=False"
+            )
+        rows = slice(0, batch["input_ids"].shape[0])
+        with self._replaying(state, batch, rows, batch, replay):
+            outputs = self._run(state, self._forward, batch, final_backward=self._steps_now(state))
         state.pending_forward, state.pending_loss = (batch, outputs), None
         if "logps" not in outputs:
             return ModelOutput(logits=outputs["logits"].detach().cpu())
@@ -621,6 +651,7 @@ class TransformersModel(
         *,
         adapter_name: str | None = None,
         task: str = "causal_lm",
+        routing_replay: bool | None = None,
         **loss_kwargs: Any,
     ) -> ModelOutput:
         """Forward without gradients; with labels, the loss, fed to the evaluation metrics.
@@ -637,7 +668,10 @@ class TransformersModel(
         if self._check_task(task) == "embedding":
             return self._embedding_forward_only(inputs, state, **loss_kwargs)
         batch = self._collate(inputs, state)
-        outputs = self._run(state, self._forward, batch)
+        record = self._routing.active(routing_replay)
+        splits = record and self._parallel().splits_sequences
+        with self._routing.record(self._hf_model(), batch, state.name, splits, record):
+            outputs = self._run(state, self._forward, batch)
         loss = tokens = None
         if "labels" in batch:
             loss_sum, tokens = self._loss(batch, outputs, state, **loss_kwargs)
