@@ -241,3 +241,48 @@ def test_an_adapter_named_twice_runs_its_calls_in_order(pools):
         assert got.loss == pytest.approx(want.loss, rel=1e-6)  # alice draws dropout: in order
     for key, grad in _params(alone, "alice").items():
         _assert_close(_params(batched, "alice")[key], grad)
+
+
+def test_a_batched_evaluation_equals_each_tenant_evaluated_alone(pools):
+    """forward_only_many: one forward for the layout, each tenant's loss, logps, evaluation
+    metrics and calculate_loss those of its forward_only alone; no gradient anywhere."""
+    alone, batched = pools
+    forwards = _count_decoder_forwards(batched)
+    vocab = batched.vocab_size()
+    bad = TenantRequest("carol", [{"input_ids": [1, vocab + 3, 3], "labels": [-100, 2, 3]}])
+    requests = [*_requests(7)[:2], bad, _requests(7)[3]]
+    outcomes = batched.forward_only_many(requests)
+    assert forwards[0] == 2  # the packed layout (alice, bob), the padded one (dave)
+    for request, got in zip(requests, outcomes, strict=True):
+        if request is bad:
+            with pytest.raises(ValueError) as alone_error:
+                _alone_eval(alone, request)
+            assert isinstance(got, ValueError) and str(got) == str(alone_error.value)
+            continue
+        want = _alone_eval(alone, request)
+        assert not isinstance(got, Exception), got
+        assert got.num_tokens == want.num_tokens
+        assert got.loss == pytest.approx(want.loss, rel=1e-6)
+        _assert_close(got.logps, want.logps)
+        name = request.adapter_name
+        kwargs = request.loss_kwargs
+        assert batched.calculate_loss(adapter_name=name, **kwargs) == pytest.approx(
+            alone.calculate_loss(adapter_name=name, **kwargs), rel=1e-6
+        )
+        want_metric = alone.calculate_metric(is_training=False, adapter_name=name)
+        got_metric = batched.calculate_metric(is_training=False, adapter_name=name)
+        assert got_metric.keys() == want_metric.keys()
+        for key in ("loss", "num_tokens", "accuracy"):
+            if key in want_metric:
+                assert got_metric[key] == pytest.approx(want_metric[key], rel=1e-6), key
+    for name in TENANTS:
+        assert all(g is None for g in _params(batched, name).values()), name
+    # Training afterwards runs in training mode again (dropout back on).
+    assert batched.forward_backward_many(_requests(8))[0].num_tokens > 0
+    assert batched.model.training
+
+
+def _alone_eval(model, request: TenantRequest):
+    return model.forward_only(
+        request.inputs, adapter_name=request.adapter_name, **request.loss_kwargs
+    )

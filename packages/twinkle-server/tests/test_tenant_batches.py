@@ -86,6 +86,41 @@ def test_runs_share_a_pass_and_one_runs_bad_rows_fail_its_request_alone(service,
     assert after["num_tokens"] == first.json()["result"]["num_tokens"]
 
 
+def test_runs_forward_only_requests_share_a_pass_and_a_bad_one_fails_alone(service, feature):
+    """Evaluation requests of three runs: one forward; the refused one a 400 naming the
+    method and its problem; the others' answers those of each request alone."""
+    state, tenants, runs = service
+    good = [feature, {"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}]
+    bad = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}]
+    bad_args = {"advantages": [1.0, 2.0]}  # two advantages for one row
+    tenants[1].ok(runs[1], "set_loss", loss="GRPOLoss")
+    for index in (0, 2):  # the evaluation metrics start empty
+        tenants[index].ok(runs[index], "calculate_metric", is_training=False)
+    try:
+        answers = _concurrently(
+            state,
+            [
+                lambda: tenants[0].call(runs[0], "forward_only", inputs=good),
+                lambda: tenants[1].call(runs[1], "forward_only", inputs=bad, **bad_args),
+                lambda: tenants[2].call(runs[2], "forward_only", inputs=good[1:]),
+            ],
+        )
+    finally:
+        tenants[1].ok(runs[1], "set_loss", loss="CrossEntropyLoss")
+    first, refused, third = answers
+    assert first.status_code == 200 and third.status_code == 200, (first.text, third.text)
+    assert first.json()["pass_size"] == third.json()["pass_size"] == 3
+    assert refused.status_code == 400, refused.text
+    assert "forward_only" in refused.json()["error"] and "advantages" in refused.json()["error"]
+    for index, batch, shared in ((0, good, first), (2, good[1:], third)):
+        # the shared pass fed this run's own evaluation metrics with its own loss
+        metric = tenants[index].ok(runs[index], "calculate_metric", is_training=False)
+        assert metric["loss"] == pytest.approx(shared.json()["result"]["loss"], rel=1e-6)
+        alone = tenants[index].ok(runs[index], "forward_only", inputs=batch)
+        assert alone["loss"] == pytest.approx(shared.json()["result"]["loss"], rel=1e-6)
+        assert alone["num_tokens"] == shared.json()["result"]["num_tokens"]
+
+
 def test_a_call_with_micro_batch_size_runs_alone(service, feature):
     state, tenants, runs = service
     answers = _concurrently(
@@ -142,8 +177,9 @@ def test_keys_samples_from_their_checkpoints_share_one_batch(tmp_path, make_tena
     assert together[0].json()["result"] != together[1].json()["result"]
 
 
-def _tinker_fwdbwd(model_id: str, seq_id: int, tokens: list[int]) -> dict:
-    """SDK 0.16.1's JSON forward_backward of one cross-entropy datum (next-token targets)."""
+def _tinker_fwdbwd(model_id: str, seq_id: int, tokens: list[int], route: str) -> dict:
+    """SDK 0.16.1's JSON forward_backward (or forward) of one cross-entropy datum
+    (next-token targets)."""
     datum = {
         "model_input": {"chunks": [{"tokens": tokens}]},
         "loss_fn_inputs": {
@@ -152,10 +188,16 @@ def _tinker_fwdbwd(model_id: str, seq_id: int, tokens: list[int]) -> dict:
         },
     }
     body = {"data": [datum], "loss_fn": "cross_entropy"}
-    return {"forward_backward_input": body, "model_id": model_id, "seq_id": seq_id}
+    return {f"{route}_input": body, "model_id": model_id, "seq_id": seq_id}
 
 
-def test_tinker_forward_backward_of_two_runs_share_one_pass(tmp_path, make_tenant, monkeypatch):
+@pytest.mark.parametrize(
+    ("route", "many_method"),
+    [("forward_backward", "forward_backward_many"), ("forward", "forward_only_many")],
+)
+def test_tinker_forward_backward_of_two_runs_share_one_pass(
+    tmp_path, make_tenant, monkeypatch, route, many_method
+):
     config = {
         "model": {"model_id": "bundled://tiny-qwen3", "max_loras": 2, "device": "cpu"},
         "sampler": {"enabled": False},
@@ -164,10 +206,10 @@ def test_tinker_forward_backward_of_two_runs_share_one_pass(tmp_path, make_tenan
     state = build_state(ServerConfig.model_validate(config))
     keys = [create_key(state.store, name)[0] for name in ("alice", "bob")]
     passes = []
-    many = state.model.model.forward_backward_many
+    many = getattr(state.model.model, many_method)
     monkeypatch.setattr(
         state.model.model,
-        "forward_backward_many",
+        many_method,
         lambda requests: passes.append(len(requests)) or many(requests),
     )
     tokens = ([5, 9, 17, 33, 2, 40], [7, 3, 8])
@@ -194,14 +236,14 @@ def test_tinker_forward_backward_of_two_runs_share_one_pass(tmp_path, make_tenan
 
             def logprobs(i, seq_id, response=None):
                 if response is None:
-                    body = _tinker_fwdbwd(models[i], seq_id, tokens[i])
-                    response = tenants[i].post("/forward_backward", body)
+                    body = _tinker_fwdbwd(models[i], seq_id, tokens[i], route)
+                    response = tenants[i].post(f"/{route}", body)
                 return result(tenants[i], response)["loss_fn_outputs"][0]["logprobs"]["data"]
 
             gate = threading.Event()
             state.model.worker.submit("hold", gate.wait)
             sent = [
-                tenants[i].post("/forward_backward", _tinker_fwdbwd(models[i], 1, tokens[i]))
+                tenants[i].post(f"/{route}", _tinker_fwdbwd(models[i], 1, tokens[i], route))
                 for i in range(2)
             ]
             deadline = time.monotonic() + 30

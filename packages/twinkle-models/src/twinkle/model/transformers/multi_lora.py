@@ -8,8 +8,9 @@ the others frozen, and each adapter's optimizer holds its own parameters alone),
 because each adapter draws its randomness (LoRA dropout) from its own generators
 (``unit_random.RandomStream``), seeded from its initial seed and saved with its checkpoint:
 a tenant's losses do not depend on its neighbours' work, nor on their resumes.
-``forward_backward_many`` runs several tenants' calls as one pass, each row through its own
-adapter (``tenant_pass``, ``lora_rows``), with the results of each call run alone.
+``forward_backward_many`` (and ``forward_only_many``) runs several tenants' calls as one pass,
+each row through its own adapter (``tenant_pass``, ``lora_rows``), with the results of each
+call run alone.
 
 Not supported: ``modules_to_save`` (it would train full copies of base modules per
 tenant) and full-parameter training (the base model is shared).
@@ -123,6 +124,13 @@ class MultiLoraTransformersModel(TransformersModel):
         call run by itself. On a Ray group every worker runs every request: give it one worker
         (data-parallel workers would each train on all the rows)."""
         return forward_backward_many(self, requests)
+
+    @remote_function(dispatch="all", collect="first")
+    def forward_only_many(self, requests: Sequence[TenantRequest]) -> list[ModelOutput | Exception]:
+        """Several adapters' ``forward_only`` calls as one forward without gradients: each
+        request's output (its loss counted in its adapter's evaluation metrics and kept for
+        its ``calculate_loss``), or the exception that refused it alone, in order."""
+        return forward_backward_many(self, requests, training=False)
 
     @remote_function(dispatch="all", collect="first")
     def remove_adapter(self, adapter_name: str) -> None:

@@ -1,28 +1,34 @@
-"""Several tenants' forward_backward calls as one forward and one backward.
+"""Several tenants' forward_backward calls as one forward and one backward (and their
+forward_only calls as one forward).
 
-``MultiLoraTransformersModel.forward_backward_many`` is the entry; this module is its
-mechanics. Each tenant's inputs are collated by its own template and processor and laid out
-as its forward alone would run them: padded rows, or (padding-free by default, where the
-model packs) one packed row. Tenants of one layout are joined into one batch (padded rows
-stacked and right-padded to the widest; packed rows concatenated) and run once through the
-decoder, each tenant's tokens through its own adapter (``lora_rows``). Each tenant's tokens
-are then cut back out, scored by the head and by its own loss, and the tenants' summed
-losses are back-propagated together: sequences never mix in a causal LM, so each adapter's
-gradient is the one its forward_backward alone gives (up to the rounding of larger
-matmuls), and each tenant's normaliser, metrics and accumulation counters are its own.
+``MultiLoraTransformersModel.forward_backward_many`` and ``forward_only_many`` are the
+entries; this module is their mechanics. Each tenant's inputs are collated by its own
+template and processor and laid out as its forward alone would run them: padded rows, or
+(padding-free by default, where the model packs) one packed row. Tenants of one layout are
+joined into one batch (padded rows stacked and right-padded to the widest; packed rows
+concatenated) and run once through the decoder, each tenant's tokens through its own
+adapter (``lora_rows``). Each tenant's tokens are then cut back out, scored by the head and
+by its own loss, and the tenants' summed losses are back-propagated together: sequences
+never mix in a causal LM, so each adapter's gradient is the one its forward_backward alone
+gives (up to the rounding of larger matmuls), and each tenant's normaliser, metrics and
+accumulation counters are its own. An evaluation pass (``training=False``) runs the same
+forward in eval mode without gradients, and each tenant's loss feeds its evaluation
+metrics and its ``calculate_loss``, as ``forward_only`` alone does.
 
 A tenant whose request is refused (its token ids, its loss inputs, a batch with no label
 tokens) gets its error and no gradient; the others' results are as if it had not come.
-What cannot share a pass runs alone, in order, as ``forward_backward``: a model under a
-parallel plan, compiled, with gradient checkpointing, a router auxiliary loss or dropout of
-its own, a head that rescales logits, a batch packed by its processor, an adapter that is not
-plain LoRA on linear layers, or a call with other keywords than the loss's.
+What cannot share a pass runs alone, in order, as ``forward_backward`` (or
+``forward_only``): a model under a parallel plan, compiled, with gradient checkpointing or
+dropout of its own (training only), a router auxiliary loss, a head that rescales logits, a
+batch packed by its processor, an adapter that is not plain LoRA on linear layers, or a call
+with other keywords than the loss's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,10 +76,13 @@ class _RunsAlone(Exception):
     """A request that is fine but cannot share a pass (see ``solo_reason``)."""
 
 
-def forward_backward_many(model: Any, requests: Sequence[TenantRequest]) -> list[Outcome]:
-    """Each request's ModelOutput, or the exception that refused it, in order. An adapter
-    named twice runs its calls in successive passes, in order (its dropout stream and its
-    accumulated gradients see them one after the other, as alone)."""
+def forward_backward_many(
+    model: Any, requests: Sequence[TenantRequest], training: bool = True
+) -> list[Outcome]:
+    """Each request's ModelOutput, or the exception that refused it, in order: of
+    ``forward_backward`` (``training``) or of ``forward_only``. An adapter named twice runs
+    its calls in successive passes, in order (its dropout stream and its accumulated
+    gradients see them one after the other, as alone)."""
     outcomes: dict[int, Outcome] = {}
     pending = list(enumerate(requests))
     while pending:
@@ -82,49 +91,52 @@ def forward_backward_many(model: Any, requests: Sequence[TenantRequest]) -> list
         for index, request in pending:
             (later if request.adapter_name in seen else this_pass).append((index, request))
             seen.add(request.adapter_name)
-        outcomes.update(_one_pass(model, this_pass))
+        outcomes.update(_one_pass(model, this_pass, training))
         pending = later
     return [outcomes[i] for i in range(len(requests))]
 
 
-def _one_pass(model: Any, requests: list[tuple[int, TenantRequest]]) -> dict[int, Outcome]:
+def _one_pass(
+    model: Any, requests: list[tuple[int, TenantRequest]], training: bool
+) -> dict[int, Outcome]:
     """The outcomes of requests of distinct adapters, by index."""
     outcomes: dict[int, Outcome] = {}
     layouts: dict[bool, list[_Part]] = {False: [], True: []}
     for index, request in requests:
         try:
-            part = _prepare(model, index, request)
+            part = _prepare(model, index, request, training)
             layouts[part.packed is not None].append(part)
         except _RunsAlone:
-            outcomes[index] = _alone(model, request)
+            outcomes[index] = _alone(model, request, training)
         except Exception as exc:  # noqa: BLE001 - this tenant's refusal, handed back
             outcomes[index] = exc
     for parts in layouts.values():
         if len(parts) == 1:
-            outcomes[parts[0].index] = _alone(model, parts[0].request)
+            outcomes[parts[0].index] = _alone(model, parts[0].request, training)
         elif parts:
-            outcomes.update(zip((p.index for p in parts), _run_shared(model, parts), strict=True))
+            shared = _run_shared(model, parts) if training else _evaluate_shared(model, parts)
+            outcomes.update(zip((p.index for p in parts), shared, strict=True))
     return outcomes
 
 
-def _alone(model: Any, request: TenantRequest) -> Outcome:
+def _alone(model: Any, request: TenantRequest, training: bool) -> Outcome:
+    run = model.forward_backward if training else model.forward_only
     try:
-        return model.forward_backward(
-            request.inputs, adapter_name=request.adapter_name, **request.loss_kwargs
-        )
+        return run(request.inputs, adapter_name=request.adapter_name, **request.loss_kwargs)
     except Exception as exc:  # noqa: BLE001 - this tenant's refusal, handed back
         return exc
 
 
-def solo_reason(model: Any, request: TenantRequest) -> str | None:
-    """Why ``request`` cannot share a pass (None when it can)."""
+def solo_reason(model: Any, request: TenantRequest, training: bool = True) -> str | None:
+    """Why ``request`` cannot share a pass (None when it can); an evaluation pass draws no
+    dropout and keeps no graph, so only what changes its forward matters there."""
     if request.adapter_name not in model.adapter_names:
         return "an unknown adapter (forward_backward alone names the error)"
     if any(key in request.loss_kwargs for key in SOLO_KEYWORDS):
         return f"it passes one of {SOLO_KEYWORDS}"
     if model._parallel().distributed:
         return "the model runs under a parallel plan"
-    if model.gradient_checkpointing:
+    if training and model.gradient_checkpointing:
         return "gradient checkpointing recomputes forwards during backward"
     if model._compiled is not None:
         return "compiled layers would not see the per-row LoRA layers"
@@ -133,7 +145,7 @@ def solo_reason(model: Any, request: TenantRequest) -> str | None:
         return "the router's auxiliary loss spans the whole batch"
     if _scales_logits(base.config):
         return "the model rescales its logits after the head"
-    if model.base_dropout:
+    if training and model.base_dropout:
         return "the base model draws dropout of its own"
     return model._row_reasons.get(request.adapter_name)
 
@@ -145,9 +157,9 @@ def _processor_mode(state: Any) -> bool | None:
     return state.processor.padding_free if isinstance(state.processor, InputProcessor) else False
 
 
-def _prepare(model: Any, index: int, request: TenantRequest) -> _Part:
+def _prepare(model: Any, index: int, request: TenantRequest, training: bool) -> _Part:
     """The tenant's collated batch, aligned loss inputs and layout; raises what it refuses."""
-    if solo_reason(model, request) is not None:
+    if solo_reason(model, request, training) is not None:
         raise _RunsAlone
     state = model._states[request.adapter_name]
     batch = model._collate(request.inputs, state)
@@ -202,6 +214,56 @@ def _run_shared(model: Any, parts: list[_Part]) -> list[Outcome]:
         part.state.pending_forward = part.state.pending_loss = None
         if part.state.window_start is None:
             part.state.window_start = time.perf_counter()
+    with _shared_forward(model, parts) as (scored, refused):
+        if scored:
+            torch.stack([loss for loss, _, _ in scored.values()]).sum().backward()
+
+    def finish(part: _Part, loss: torch.Tensor, tokens: float, outputs: dict) -> ModelOutput:
+        model._account_backward(part.state, part.batch, outputs, loss, tokens)
+        logps = outputs["logps"].detach().cpu()
+        return ModelOutput(loss=float(loss.detach()) / tokens, logps=logps, num_tokens=tokens)
+
+    return _answers(parts, scored, refused, finish)
+
+
+@torch.no_grad()
+def _evaluate_shared(model: Any, parts: list[_Part]) -> list[Outcome]:
+    """One forward of every part's tokens in eval mode, each tenant's loss counted in its
+    evaluation metrics and kept for its ``calculate_loss``, as ``forward_only`` alone."""
+    model.model.eval()
+    for part in parts:
+        part.state.pending_forward = part.state.pending_loss = None
+    with _shared_forward(model, parts) as (scored, refused):
+        pass
+
+    def finish(part: _Part, loss: torch.Tensor, tokens: float, outputs: dict) -> ModelOutput:
+        if model._counts_batch_metrics():
+            mask = part.batch.get("attention_mask")
+            real = int(mask.sum()) if mask is not None else part.batch["input_ids"].numel()
+            part.state.eval_metrics.accumulate(
+                part.batch, outputs, loss=loss, num_tokens=tokens, input_tokens=real
+            )
+        kept = {key: value for key, value in outputs.items() if key != "logits"}
+        part.state.pending_forward = (part.batch, kept)
+        logps = outputs["logps"].cpu()
+        return ModelOutput(loss=float(loss) / tokens, logps=logps, num_tokens=tokens)
+
+    return _answers(parts, scored, refused, finish)
+
+
+def _answers(parts: list[_Part], scored: dict, refused: dict, finish: Any) -> list[Outcome]:
+    """Each part's refusal, or ``finish(part, loss, tokens, outputs)`` of its scored loss."""
+    return [
+        refused[i] if i in refused else finish(part, *scored[i]) for i, part in enumerate(parts)
+    ]
+
+
+@contextlib.contextmanager
+def _shared_forward(
+    model: Any, parts: list[_Part]
+) -> Iterator[tuple[dict[int, tuple[torch.Tensor, float, dict]], dict[int, Exception]]]:
+    """The joined forward, each part's (loss, tokens, outputs) by position or the error that
+    refused it; the layers stay routed while the caller back-propagates."""
     joined, axis = _joined(parts, model._pad_token_id() or 0)
     base = model._hf_model()
     apply_for_batch(base, joined)
@@ -220,19 +282,7 @@ def _run_shared(model: Any, parts: list[_Part]) -> list[Outcome]:
                 scored[i] = (loss, tokens, outputs)
             except Exception as exc:  # noqa: BLE001 - this tenant's refusal, handed back
                 refused[i] = exc
-        if scored:
-            torch.stack([loss for loss, _, _ in scored.values()]).sum().backward()
-    outcomes: list[Outcome] = []
-    for i, part in enumerate(parts):
-        if i in refused:
-            outcomes.append(refused[i])
-            continue
-        loss, tokens, outputs = scored[i]
-        model._account_backward(part.state, part.batch, outputs, loss, tokens)
-        mean = float(loss.detach()) / tokens
-        logps = outputs["logps"].detach().cpu()
-        outcomes.append(ModelOutput(loss=mean, logps=logps, num_tokens=tokens))
-    return outcomes
+        yield scored, refused
 
 
 def _tenant_outputs(model: Any, router: RowRouter, part: _Part, own: torch.Tensor) -> dict:

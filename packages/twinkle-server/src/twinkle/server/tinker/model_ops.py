@@ -133,13 +133,15 @@ def forward_backward(
 
 @dataclass(frozen=True)
 class TinkerPass:
-    """A Tinker forward_backward as an item of a pass shared with other runs'."""
+    """A Tinker forward_backward (or forward) as an item of a pass shared with other runs'
+    of the same kind."""
 
     live: Any
     batch: dict[str, torch.Tensor]
     loss_inputs: dict[str, torch.Tensor]
     lengths: list[int]
     loss: Any
+    forward_only: bool = False
 
 
 def _tinker_outputs(item: TinkerPass, logps: Any) -> tuple[list[dict[str, np.ndarray]], dict]:
@@ -150,12 +152,13 @@ def _tinker_outputs(item: TinkerPass, logps: Any) -> tuple[list[dict[str, np.nda
 
 
 def batchable(service: Any, item: TinkerPass, encode: Any) -> Batchable | None:
-    """The forward_backward as a ``Batchable`` of the model's worker (its answer encoded by
-    ``encode(outputs, metrics)``), or None where the Twinkle routes' would run alone."""
+    """The forward_backward (or forward) as a ``Batchable`` of the model's worker (its answer
+    encoded by ``encode(outputs, metrics)``), or None where the Twinkle routes' would run
+    alone."""
     if not service.config.model.batching.enabled or service.workers > 1:
         return None
     return Batchable(
-        "tinker_forward_backward",
+        "tinker_forward" if item.forward_only else "tinker_forward_backward",
         item,
         lambda items: run_many(service, items, encode),
         rows=len(item.lengths),
@@ -163,8 +166,9 @@ def batchable(service: Any, item: TinkerPass, encode: Any) -> Batchable | None:
 
 
 def run_many(service: Any, items: list[TinkerPass], encode: Any) -> list[Any]:
-    """Several runs' Tinker forward_backward calls as one ``forward_backward_many`` pass:
-    each call's encoded answer, or the error that refused it alone."""
+    """Several runs' Tinker forward_backward calls as one ``forward_backward_many`` pass (or
+    forward calls as one ``forward_only_many``): each call's encoded answer, or the error
+    that refused it alone. The items of one pass are of one kind (``batchable``)."""
     answers: dict[int, Any] = {}
     ready: list[tuple[int, TinkerPass]] = []
     for index, item in enumerate(items):
@@ -175,7 +179,9 @@ def run_many(service: Any, items: list[TinkerPass], encode: Any) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - this call's answer
             answers[index] = exc
     requests = [TenantRequest(i.live.adapter, i.batch, i.loss_inputs) for _, i in ready]
-    outcomes = service.model.forward_backward_many(requests)
+    model = service.model
+    run_pass = model.forward_only_many if items[0].forward_only else model.forward_backward_many
+    outcomes = run_pass(requests)
     for (index, item), outcome in zip(ready, outcomes, strict=True):
         if isinstance(outcome, Exception):
             answers[index] = outcome

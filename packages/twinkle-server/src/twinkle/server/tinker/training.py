@@ -170,10 +170,8 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
         return encode_forward_backward_output(outputs, metrics)
 
     operation = "forward" if forward_only else "forward_backward"
-    shared = None
-    if not forward_only:
-        item = model_ops.TinkerPass(live, batch, loss_inputs, lengths, loss)
-        shared = model_ops.batchable(state.model, item, encode_forward_backward_output)
+    item = model_ops.TinkerPass(live, batch, loss_inputs, lengths, loss, forward_only)
+    shared = model_ops.batchable(state.model, item, encode_forward_backward_output)
     return submit_ordered(request, principal, live, fwd.seq_id, operation, work, shared)
 
 
