@@ -163,3 +163,48 @@ def test_tokens_and_losses_are_read_from_both_protocols_results():
     assert sampled_tokens(encode_sample_response(sequences)) == 4
     assert sampled_tokens({"sequences": [{"tokens": [1, 2]}], "responses": []}) == 2
     assert trained_tokens(None) == (0, None) and sampled_tokens("x") == 0
+
+
+def test_metrics_are_open_by_default_and_need_the_token_when_configured(
+    tenants, tmp_path, monkeypatch
+):
+    """Open is the explicit default (a Prometheus scrape sends no credentials); with
+    ``metrics.auth: token`` a request without the token is a 401, a wrong one (an API key
+    included) a 403, the token a 200; a missing or short token stops the start."""
+    from fastapi.testclient import TestClient
+
+    from twinkle.server.app import create_app
+    from twinkle.server.config import MetricsConfig, ServerConfig
+    from twinkle.server.state import build_state
+
+    state, alice, _ = tenants
+    assert state.config.metrics.auth == "open"
+    assert alice.http.get("/metrics").status_code == 200
+    token = "metrics-" + "7f" * 16
+    monkeypatch.setenv("TWINKLE_METRICS_TOKEN", token)
+    config = ServerConfig.model_validate(
+        {"storage": {"home": str(tmp_path)}, "metrics": {"auth": "token"}}
+    )
+    guarded = build_state(config, load_components=False)
+    try:
+        with TestClient(create_app(guarded), raise_server_exceptions=False) as http:
+            missing = http.get("/metrics")
+            assert missing.status_code == 401, missing.text
+            assert "Authorization: Bearer" in missing.json()["error"]
+            for header in (
+                {"Authorization": "Bearer wrong-token-of-some-length"},
+                {"Authorization": f"Basic {token}"},
+                {"Authorization": f"Bearer {alice.key}"},
+            ):
+                assert http.get("/metrics", headers=header).status_code == 403, header
+            assert http.get("/metrics", headers={"X-API-Key": alice.key}).status_code == 401
+            good = http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+            assert good.status_code == 200 and "twinkle_http_requests_total" in good.text
+        for value in ("", "short"):
+            monkeypatch.setenv("TWINKLE_METRICS_TOKEN", value)
+            with pytest.raises(ValueError, match="TWINKLE_METRICS_TOKEN"):
+                create_app(guarded)
+        with pytest.raises(ValueError, match="auth"):
+            MetricsConfig.model_validate({"auth": "password"})
+    finally:
+        guarded.close()

@@ -178,6 +178,18 @@ class ServeConfig(_Strict):
     """CPUs the ingress reserves; it only routes and encodes, the groups hold the compute."""
 
 
+class MetricsConfig(_Strict):
+    """Who may read ``GET /metrics`` (the chosen default: anyone who reaches the port, as a
+    Prometheus scrape without credentials expects; keep the port inside the cluster)."""
+
+    auth: Literal["open", "token"] = "open"
+    """``open``: no credentials. ``token``: only ``Authorization: Bearer <token>`` (in
+    Prometheus, ``authorization: {credentials_file: ...}``); an API key does not do."""
+    token_env: str = "TWINKLE_METRICS_TOKEN"
+    """With ``auth: token``, the environment variable holding the token, read at start-up
+    (the secret stays out of the config file)."""
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -193,6 +205,7 @@ class ServerConfig(_Strict):
     device_groups: list[DeviceGroupConfig] = Field(default_factory=list)
     ray_init_kwargs: dict[str, Any] = Field(default_factory=dict)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="after")
     def _groups_for_ray(self) -> ServerConfig:

@@ -22,6 +22,7 @@ def install(app: FastAPI, state: ServerState) -> Meter:
     """The app's meter; call after the other middleware so request ids cover every answer."""
     from twinkle.server.observability import dashboard, metrics_route
 
+    app.state.metrics_token = metrics_route.metrics_token(state.config.metrics)
     meter = Meter(state)
     app.state.meter = meter
     state.futures.observers.append(meter.on_finished)
