@@ -125,21 +125,30 @@ def test_a_backend_that_cannot_run_is_a_clear_error(monkeypatch):
         backends("matmul", CPU)
 
 
-def test_cpu_use_never_imports_an_installed_fla(tmp_path):
-    """An fla on the path that fails when imported (as the real one does on a CPU machine,
-    through transformers) is never touched by importing twinkle.kernel and running it."""
-    (tmp_path / "fla").mkdir()
-    (tmp_path / "fla" / "__init__.py").write_text("raise RuntimeError('fla was imported')\n")
+def test_cpu_use_never_imports_an_installed_fast_path_package(tmp_path):
+    """fla, liger-kernel, flash-attn and torch_npu on the path, each failing when imported (as
+    fla does on a CPU machine, through transformers), are never touched by importing
+    twinkle.kernel and running its ops on CPU tensors."""
+    packages = ("fla", "liger_kernel", "flash_attn", "torch_npu")
+    for package in packages:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(f"raise RuntimeError('{package}')\n")
     script = textwrap.dedent(
         """
         import sys, torch
-        from twinkle.kernel import backends, causal_conv1d, chunk_gated_delta_rule
+        from twinkle.kernel import (
+            backends, causal_conv1d, chunk_gated_delta_rule, rms_norm, swiglu, varlen_attention
+        )
         x = torch.randn(1, 5, 2, 3)
         g = -torch.rand(1, 5, 2)
         chunk_gated_delta_rule(x, x, x, g, g.neg(), cu_seqlens=torch.tensor([0, 2, 5]))
         causal_conv1d(x[..., 0], torch.ones(2, 4), cu_seqlens=torch.tensor([0, 2, 5]))
+        rms_norm(x, torch.ones(3)), swiglu(x, x)
+        varlen_attention(x[0], x[0], x[0], torch.tensor([0, 5]))
         assert backends("causal_conv1d", torch.device("cuda")) == ["fla", "torch"]
-        assert "fla" not in sys.modules
+        assert backends("rms_norm", "cuda") == ["liger", "torch"]
+        assert backends("rms_norm", "npu") == ["torch_npu", "torch"]
+        assert not {"fla", "liger_kernel", "flash_attn", "torch_npu"} & set(sys.modules)
         print("ok")
         """
     )

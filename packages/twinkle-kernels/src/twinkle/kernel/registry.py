@@ -6,18 +6,30 @@ are on such a device AND the package is installed. Whether it is installed is ch
 with ``importlib.util.find_spec``, which does not import it: flash-linear-attention, once
 imported, makes transformers pick its Triton kernels for every model, which breaks CPU
 runs, so nothing here imports a fast-path package until a tensor on its device asks.
+
+The environment switches (``twinkle.kernel.switches``: ``TWINKLE_KERNELS``, the
+``TWINKLE_NPU_*`` variables) are applied here, in ``backends``: a fast path they turn off is
+not usable. A fast path a switch explicitly requests that cannot run warns once (per op,
+device type and switch) and the reference runs.
+
+Devices are ``torch.device`` objects or device-type strings (``"npu"`` is not a valid
+``torch.device`` until torch_npu is imported).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from twinkle.kernel import switches
+
 REFERENCE = "torch"
+Device = torch.device | str
 
 
 @dataclass(frozen=True)
@@ -53,26 +65,53 @@ def is_installed(package: str) -> bool:
         return False
 
 
-def backends(op: str, device: torch.device) -> list[str]:
-    """The backends that can run ``op`` on ``device``, fastest first; the reference last."""
-    usable = [
-        p.backend
-        for p in _fast_paths[_known(op)]
-        if device.type in p.device_types and is_installed(p.package)
-    ]
-    return [*usable, REFERENCE]
+def device_type(device: Device) -> str:
+    return device if isinstance(device, str) else device.type
 
 
-def select(op: str, device: torch.device, backend: str | None = None) -> Callable:
+def _runnable(op: str, kind: str) -> list[FastPath]:
+    """The fast paths of ``op`` whose device type and package are present (switches aside)."""
+    paths = _fast_paths[_known(op)]
+    return [p for p in paths if kind in p.device_types and is_installed(p.package)]
+
+
+def backends(op: str, device: Device) -> list[str]:
+    """The backends that would run ``op`` on ``device``, fastest first; the reference last.
+    Empty of fast paths when the switches turn them off (``switches.read().allows``)."""
+    kind = device_type(device)
+    _known(op)
+    if not switches.read().allows(op, kind):
+        return [REFERENCE]
+    return [*(p.backend for p in _runnable(op, kind)), REFERENCE]
+
+
+def fast_path(op: str, device: Device) -> Callable | None:
+    """The fast path ``select`` would run for ``op`` on ``device``; None where it is the
+    reference (for callers that keep a CPU path of their own, such as chunked logps)."""
+    implementation = select(op, device)
+    return None if implementation is _references[op] else implementation
+
+
+def select(op: str, device: Device, backend: str | None = None) -> Callable:
     """The implementation of ``op`` for tensors on ``device``.
 
     ``backend=None`` picks the first usable fast path, else the reference;
     ``backend='torch'`` forces the reference; a fast path's name forces it, and is an
-    error where it cannot run.
+    error where it cannot run. ``TWINKLE_KERNELS=off`` (or an NPU switch at 0, on NPU)
+    makes every choice the reference, a forced one included.
     """
-    usable = backends(op, device)
+    kind = device_type(device)
+    _known(op)
+    settings = switches.read()
+    if not settings.allows(op, kind):
+        return _references[op]
+    usable = backends(op, kind)
     name = usable[0] if backend is None else backend
     if name == REFERENCE:
+        if backend is None:
+            requested = settings.requesting(op)
+            if requested is not None:
+                _warn_unavailable(op, kind, requested)
         return _references[op]
     if name not in usable:
         known = {p.backend: p for p in _fast_paths[op]}
@@ -82,11 +121,26 @@ def select(op: str, device: torch.device, backend: str | None = None) -> Callabl
             )
         path = known[name]
         raise ValueError(
-            f"backend {name!r} cannot run {op} on {device.type}: it needs the "
+            f"backend {name!r} cannot run {op} on {kind}: it needs the "
             f"{path.package!r} package and a device of type {', '.join(sorted(path.device_types))}"
             f"; use backend='torch' (the reference) or None (choose automatically)"
         )
     return _load(op, name)
+
+
+@functools.cache
+def _warn_unavailable(op: str, kind: str, requested: str) -> None:
+    """Once per (op, device type, switch): the requested fast path cannot run here."""
+    needs = "; ".join(
+        f"{p.backend} needs {p.package!r} on {'/'.join(sorted(p.device_types))}"
+        for p in _fast_paths[op]
+    )
+    warnings.warn(
+        f"{requested} asks for a fast path of {op}, but none can run on {kind} "
+        f"({needs or 'no fast path is registered'}); running the torch reference",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 @functools.cache
