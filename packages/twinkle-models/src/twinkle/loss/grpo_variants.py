@@ -59,7 +59,9 @@ class BNPOLoss(GRPOLoss):
     sees, not of the whole optimizer step: ``loss = sum_t l_t / tokens of this batch``,
     ``num_tokens`` = 1. One batch per step trains exactly as GRPOLoss; under gradient
     accumulation (or ``micro_batch_size``) every batch weighs the same whatever its length,
-    as in the batch-normalised loss of TRL and ms-swift."""
+    as in the batch-normalised loss of TRL and ms-swift. Under data parallel the batch a
+    call sees is the rank's share (TRL's local batch): DDP trains as one process running
+    the shares as micro-batches, not as one process on the whole batch."""
 
     def reduce(self, policy: PolicyInputs, per_token: torch.Tensor):
         total = torch.where(policy.mask, per_token, 0).sum()
