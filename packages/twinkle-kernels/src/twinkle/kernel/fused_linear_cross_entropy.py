@@ -24,8 +24,9 @@ def torch_fused_linear_cross_entropy(
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``hidden`` ``[N, H]``, ``weight`` ``[V, H]``, ``targets`` ``[N]``, ``bias`` ``[V]``:
-    ``(logps [N] float32, predicted [N] int64)``."""
-    logits = (hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)).float()
+    ``(logps [N] float32 (float64 for float64 inputs), predicted [N] int64)``."""
+    logits = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logps = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None].long()).squeeze(1)
     return logps, logits.argmax(dim=-1)
 

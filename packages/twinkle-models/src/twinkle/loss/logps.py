@@ -24,8 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from twinkle.kernel import fast_path
 from twinkle.loss.base import IGNORE_INDEX
-from twinkle.loss.chunked_logps import chunked_linear_logps, chunked_logits_logps
+from twinkle.loss.chunked_logps import chunked_linear_logps, chunked_logits_logps, matmul_dtype
 from twinkle.loss.fields import compute_dtype, label_mask
 
 PLAIN_LOGITS_LIMIT_BYTES = 2**30
@@ -111,7 +112,9 @@ def chunked_logps(
 ) -> TokenLogps:
     """Label-token logps from (B, T, H) hidden states through the head ``lm_head_weight``
     (V, H), at most ``chunk_size`` tokens of logits at a time (default: 256 MiB of float32
-    logits per chunk), in forward and backward."""
+    logits per chunk), in forward and backward. Where a fused linear cross-entropy runs on
+    the device (liger-kernel on CUDA, ``twinkle.kernel``) and no ``chunk_size`` is asked
+    for, that kernel computes them instead, in the head matmul's dtype."""
     if hidden_states.ndim != 3 or hidden_states.shape[:2] != labels.shape:
         raise ValueError(
             f"hidden_states must have shape (B, T, H) matching labels {tuple(labels.shape)}, "
@@ -119,9 +122,14 @@ def chunked_logps(
         )
     rows, cols, targets = _label_positions(labels.to(hidden_states.device), ignore_index)
     _check_targets(targets, lm_head_weight.shape[0])
-    logps, ids = chunked_linear_logps(
-        hidden_states[rows, cols - 1], lm_head_weight, targets, lm_head_bias, chunk_size
-    )
+    hidden = hidden_states[rows, cols - 1]
+    fused = None if chunk_size else fast_path("fused_linear_cross_entropy", hidden.device)
+    if fused is None:
+        logps, ids = chunked_linear_logps(hidden, lm_head_weight, targets, lm_head_bias, chunk_size)
+    else:
+        dtype = matmul_dtype(hidden, lm_head_weight)
+        bias = None if lm_head_bias is None else lm_head_bias.to(dtype)
+        logps, ids = fused(hidden.to(dtype), lm_head_weight.to(dtype), targets, bias)
     return _scatter(rows, cols, logps, ids, labels.shape)
 
 
