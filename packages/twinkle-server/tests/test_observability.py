@@ -208,3 +208,26 @@ def test_metrics_are_open_by_default_and_need_the_token_when_configured(
             MetricsConfig.model_validate({"auth": "password"})
     finally:
         guarded.close()
+
+
+def test_loss_curves_are_read_from_the_store_after_a_restart(tmp_path):
+    """The meter keeps each run's finite losses in the state file: a new server process
+    (a new state on the same file) shows the same curve."""
+    from twinkle.server.config import ServerConfig
+    from twinkle.server.observability import Meter
+    from twinkle.server.state import build_state
+
+    config = ServerConfig.model_validate({"storage": {"home": str(tmp_path)}})
+    first = build_state(config, load_components=False)
+    meter = Meter(first)
+    for loss in (2.0, 1.5, float("nan"), 1.25):
+        meter.on_finished("key-a", "forward_backward", "run-1", {"loss": loss, "num_tokens": 4})
+    curve = meter.losses("key-a", "run-1")
+    first.close()
+    assert [loss for _, loss in curve] == [2.0, 1.5, 1.25]  # a NaN step has no point
+    second = build_state(config, load_components=False)
+    try:
+        assert Meter(second).losses("key-a", "run-1") == curve
+        assert Meter(second).losses("key-b", "run-1") == []
+    finally:
+        second.close()

@@ -1,10 +1,13 @@
 """``mode: ray``: the same routes, with the model and the sampler built on the workers of
-their own Ray device groups, and the operator's pinned plugins loaded on those workers."""
+their own Ray device groups, and the operator's pinned plugins loaded on those workers. The
+model has two copies (two groups, each with its own slots and worker thread): runs on
+different copies train at the same time, and a checkpoint saved on one loads on the other."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -79,11 +82,17 @@ def ray_server(tmp_path_factory):
     config = ServerConfig.model_validate(
         {
             "mode": "ray",
-            "model": {"model_id": MODEL_ID, "max_loras": 5, "device": "cpu"},
-            "limits": {"max_loras_per_key": 5},  # one key runs every test's adapters
+            "model": {
+                "model_id": MODEL_ID,
+                "max_loras": 5,
+                "device": "cpu",
+                "remote_group": ["model", "model-b"],
+            },
+            "limits": {"max_loras_per_key": 10},  # one key runs every test's adapters
             "sampler": {"enabled": True, "kind": "torch"},
             "device_groups": [
                 {"name": "model", "ranks": 1, "device_type": "cpu"},
+                {"name": "model-b", "ranks": 1, "device_type": "cpu"},
                 {"name": "sampler", "ranks": 1, "device_type": "cpu"},
             ],
             "storage": {"home": str(home)},
@@ -112,7 +121,9 @@ def ray_server(tmp_path_factory):
 
 def test_training_saving_and_loading_through_a_ray_worker(ray_server):
     state, http, headers = ray_server
-    assert type(state.model.model).__name__ != "MultiLoraTransformersModel"  # a remote proxy
+    copies = state.model.model.models
+    assert len(copies) == 2
+    assert all(type(c).__name__ != "MultiLoraTransformersModel" for c in copies)  # remote
     session = http.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
 
     def new_run() -> str:
@@ -141,9 +152,57 @@ def test_training_saving_and_loading_through_a_ray_worker(ray_server):
     path = ok(run, "save", name="on-ray")
     saved = ok(run, "forward_only", inputs=[FEATURE])["loss"]
     fresh = new_run()
+    assert _copy_of(state, fresh) != _copy_of(state, run)  # the copy with fewer runs
     ok(fresh, "load", path=path)
     assert ok(fresh, "forward_only", inputs=[FEATURE])["loss"] == pytest.approx(saved, abs=1e-6)
-    assert http.get("/api/v1/capacity", headers=headers).json()["used_loras"] == 2
+    capacity = http.get("/api/v1/capacity", headers=headers).json()
+    assert capacity["used_loras"] == 2 and capacity["max_loras"] == 10  # both copies' slots
+
+
+def _copy_of(state, run_id: str) -> int:
+    return state.model.model.holder(state.model.live[run_id].adapter)
+
+
+def test_runs_on_different_copies_train_at_the_same_time(ray_server):
+    """While one copy's worker is held, a run on the other copy trains and answers; the held
+    copy's run answers once its worker is free, and both runs' losses fall."""
+    state, http, headers = ray_server
+    session = http.post("/api/v1/create_session", json={}, headers=headers).json()["session_id"]
+    runs: dict[int, str] = {}
+    while len(runs) < 2:  # a new run goes to the copy with fewer runs: both within three
+        body = {"session_id": session, "config": {"r": 4}}
+        added = http.post("/api/v1/twinkle/model/add_adapter_to_model", json=body, headers=headers)
+        assert added.status_code == 200, added.text
+        run = added.json()["result"]["training_run_id"]
+        runs.setdefault(_copy_of(state, run), run)
+
+    def call(run: str, method: str, **args):
+        body = {"training_run_id": run, "args": args}
+        return http.post(f"/api/v1/twinkle/model/{method}", json=body, headers=headers)
+
+    for run in runs.values():
+        assert call(run, "set_optimizer", optimizer_cls="AdamW", lr=1e-2).status_code == 200
+    gate = threading.Event()
+    state.model.worker.workers[0].submit("hold", gate.wait)
+    held: dict[str, object] = {}
+    waiting = threading.Thread(
+        target=lambda: held.update(answer=call(runs[0], "forward_backward", inputs=[FEATURE]))
+    )
+    waiting.start()
+    try:
+        losses = []
+        for _ in range(3):  # the other copy trains while copy 0 is held
+            answer = call(runs[1], "forward_backward", inputs=[FEATURE])
+            assert answer.status_code == 200, answer.text
+            losses.append(answer.json()["result"]["loss"])
+            assert call(runs[1], "step").status_code == 200
+            assert call(runs[1], "zero_grad").status_code == 200
+        assert losses[-1] < losses[0]
+        assert "answer" not in held and waiting.is_alive()
+    finally:
+        gate.set()
+    waiting.join(timeout=120)
+    assert held["answer"].status_code == 200, held["answer"].text
 
 
 def _sequences(responses) -> list[dict]:

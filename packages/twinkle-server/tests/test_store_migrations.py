@@ -130,3 +130,30 @@ def test_the_command_refuses_a_newer_state_file_with_its_message(tmp_path, capsy
     config.write_text(f"storage: {{home: '{tmp_path}', database: '{tmp_path / 'state.db'}'}}\n")
     assert main(["keys", "list", "-c", str(config)]) == 2
     assert "written by a newer twinkle-server" in capsys.readouterr().err
+
+
+def test_a_version_3_file_gains_loss_curves_in_one_step_and_keeps_its_runs(tmp_path):
+    path = tmp_path / "state.db"
+    _file_at(path, MIGRATIONS[:3])
+    store = SQLiteStore(path)
+    assert schema_version(store._db) == MIGRATIONS[-1].version
+    assert [r.id for r in store.list_runs("alice", 10, 0)[0]] == ["r1"]
+    store.add_loss("alice", "r1", 1.0, 2.5, keep=10)
+    assert store.losses("alice", "r1") == [(1.0, 2.5)]
+    store.close()
+
+
+def test_a_loss_curve_keeps_its_latest_points_per_run_and_survives_reopening(tmp_path):
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
+    for step in range(7):
+        store.add_loss("alice", "r1", float(step), 10.0 - step, keep=4)
+    store.add_loss("alice", "r2", 0.5, 1.0, keep=4)
+    store.add_loss("bob", "r1", 0.5, 9.0, keep=4)  # another key's run of the same id
+    store.close()
+    store = SQLiteStore(path)
+    assert store.losses("alice", "r1") == [(3.0, 7.0), (4.0, 6.0), (5.0, 5.0), (6.0, 4.0)]
+    assert store.losses("alice", "r2") == [(0.5, 1.0)]
+    assert store.losses("bob", "r1") == [(0.5, 9.0)]
+    assert store.losses("carol", "r1") == []
+    store.close()

@@ -107,7 +107,7 @@ def test_data_parallel_workers_outputs_join_in_datum_order(server, make_tenant, 
     state, http, keys = server
     tenant = make_tenant(http, keys["alice"])
     model_id = _create(tenant, 0, seed=1)
-    model = state.model.model
+    model = state.model.model.models[0]  # the one copy of the model
     one_worker = model.forward_backward
     spec = find_remote_spec(type(model), "forward_backward")
     mesh = DeviceMesh.from_sizes(dp_size=2, device_type="cpu")

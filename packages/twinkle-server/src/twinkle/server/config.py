@@ -48,9 +48,25 @@ class ModelConfig(_Strict):
     device: str | None = None
     mixed_precision: str = "auto"
     seed: int = 0
-    remote_group: str = "model"
-    """In ``mode: ray``, the device group whose workers hold the model."""
+    remote_group: str | list[str] = "model"
+    """In ``mode: ray``, the device group whose workers hold the model. A list names several
+    groups: one copy of the base model on each, each with ``max_loras`` slots of its own and
+    its own worker thread, so runs on different copies train at the same time (a new run goes
+    to the copy holding the fewest runs)."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+
+    def groups(self) -> list[str]:
+        """The device groups holding a copy of the model, in order."""
+        return [self.remote_group] if isinstance(self.remote_group, str) else self.remote_group
+
+    @model_validator(mode="after")
+    def _groups_distinct(self) -> ModelConfig:
+        groups = self.groups()
+        if not groups or len(set(groups)) != len(groups):
+            raise ValueError(
+                f"model.remote_group must name one group or distinct groups, got {groups!r}"
+            )
+        return self
 
 
 class SamplerConfig(_Strict):
@@ -210,9 +226,15 @@ class ServerConfig(_Strict):
     @model_validator(mode="after")
     def _groups_for_ray(self) -> ServerConfig:
         if self.mode == "embedded":
+            if len(self.model.groups()) > 1:
+                raise ValueError(
+                    f"model.remote_group lists {len(self.model.groups())} groups: copies of "
+                    "the model on several groups need mode: ray (or http); in mode: embedded "
+                    "name one group or leave it out"
+                )
             return self
         names = {group.name for group in self.device_groups}
-        needed = {self.model.remote_group} | (
+        needed = set(self.model.groups()) | (
             {self.sampler.remote_group} if self.sampler.enabled else set()
         )
         missing = sorted(needed - names)

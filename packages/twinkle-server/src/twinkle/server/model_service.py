@@ -2,6 +2,8 @@
 
 A training run is one adapter in the pool, owned by one API key. Its requests run on the
 model's FairWorker in the run's lane (in order), interleaved round robin with other runs.
+In ``mode: ray`` the model may have several copies, one per group of ``model.remote_group``
+(``replicas``): each holds its own slots and runs its runs on its own worker thread.
 Components come from the server's allow-lists by name; checkpoints go to a folder the
 server picks (``<home>/checkpoints/<key>/<run>/weights/<name>``), written atomically by
 the model's ``save``, and are recorded in the store only once complete.
@@ -42,6 +44,7 @@ from twinkle.server.errors import (
 from twinkle.server.model_args import POSITIVE, check_lora_values
 from twinkle.server.names import KINDS, CheckpointUri, check_name, parse_uri
 from twinkle.server.remote_api import method_spec, parameter_names, wire_methods
+from twinkle.server.replicas import ReplicaModels, ReplicaWorkers
 from twinkle.server.scheduler import Batchable, FairWorker
 from twinkle.server.store import CheckpointRecord, Store, TrainingRun
 from twinkle.server.wire import (
@@ -85,27 +88,38 @@ class ModelService:
         self.checkpoints = home / "checkpoints"
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         mc = config.model
-        placement = {"remote_group": mc.remote_group} if config.mode == "ray" else {}
-        self.model = MultiLoraTransformersModel(
-            mc.model_id,
-            max_loras=mc.max_loras,
-            max_rank=mc.max_rank,
-            device=mc.device,
-            mixed_precision=mc.mixed_precision,
-            seed=mc.seed,
-            **placement,
+        groups = mc.groups() if config.mode == "ray" else [None]
+        self.model = ReplicaModels(
+            [
+                MultiLoraTransformersModel(
+                    mc.model_id,
+                    max_loras=mc.max_loras,
+                    max_rank=mc.max_rank,
+                    device=mc.device,
+                    mixed_precision=mc.mixed_precision,
+                    seed=mc.seed,
+                    **({} if group is None else {"remote_group": group}),
+                )
+                for group in groups
+            ]
         )
+        self.max_loras = mc.max_loras * len(groups)  # every copy's slots
         # Asked once: in mode ray a call is a round trip that may queue behind training work.
         self.vocab_size: int = self.model.vocab_size()
         self.pad_token_id: int = self.model.pad_token_id()
         self.model_folder: str | None = self.model.model_folder()
-        self.workers = group_size(config, mc.remote_group) if config.mode == "ray" else 1
+        self.workers = max(group_size(config, g) for g in groups) if config.mode == "ray" else 1
         batching = mc.batching
-        self.worker = FairWorker(
-            "model",
-            max_items=batching.max_tenants,
-            max_rows=batching.max_rows,
-            linger_s=batching.linger_ms / 1e3,
+        self.worker = ReplicaWorkers(
+            [
+                FairWorker(
+                    "model" if len(groups) == 1 else f"model-{index}",
+                    max_items=batching.max_tenants,
+                    max_rows=batching.max_rows,
+                    linger_s=batching.linger_ms / 1e3,
+                )
+                for index in range(len(groups))
+            ]
         )
         self.live: dict[str, LiveRun] = {}
         store.deactivate_runs()  # no adapter survives a restart; checkpoints do
@@ -141,14 +155,19 @@ class ModelService:
         """The pool as one key may see it: its size, the slots this key holds, how many are
         free, and this key's quota; never another key's use."""
         return {
-            "max_loras": self.config.model.max_loras,
+            "max_loras": self.max_loras,
             "used_loras": self.slots_held(key_id),
             "free_loras": self.free_slots(),
             "max_loras_per_key": self.per_key_quota(),
         }
 
     def free_slots(self) -> int:
-        return self.config.model.max_loras - len(self.live)
+        return self.max_loras - len(self.live)
+
+    def free_slots_on(self, replica: int) -> int:
+        """Free slots of one copy of the model."""
+        held = sum(1 for live in self.live.values() if self.model.holder(live.adapter) == replica)
+        return self.config.model.max_loras - held
 
     def slots_held(self, key_id: str) -> int:
         return sum(1 for live in self.live.values() if live.run.owner == key_id)
@@ -156,7 +175,7 @@ class ModelService:
     def per_key_quota(self) -> int:
         """The slots one key may hold: ``limits.max_loras_per_key``, by default a fair share
         (half the pool, rounded up; see ``Limits``)."""
-        max_loras = self.config.model.max_loras
+        max_loras = self.max_loras
         quota = self.config.limits.max_loras_per_key
         return min(quota, max_loras) if quota is not None else math.ceil(max_loras / 2)
 
@@ -197,16 +216,47 @@ class ModelService:
         user_metadata: dict[str, Any],
         seed: int | None = None,
     ) -> TrainingRun:
-        """Runs on the worker: take a slot (its LoRA weights drawn from ``seed`` when given),
-        then record the run. A full pool is a 503 saying when a slot frees (a client retries
-        it); a key at its quota in a pool with room is a 403 (not retried: only the key
-        itself can free one of its slots)."""
-        if self.free_slots() <= 0:
-            holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
-            raise CapacityFull(
-                f"all {self.config.model.max_loras} LoRA slots are in use; "
-                + self.when_a_slot_frees(holders)
+        """Runs on the worker of the run's copy of the model: take a slot there (its LoRA
+        weights drawn from ``seed`` when given), then record the run. A full pool (or copy)
+        is a 503 saying when a slot frees (a client retries it); a key at its quota in a pool
+        with room is a 403 (not retried: only the key itself can free one of its slots)."""
+        try:
+            return self._create_run(
+                principal,
+                session_id,
+                run_id,
+                display_name,
+                lora,
+                gradient_accumulation_steps,
+                user_metadata,
+                seed,
             )
+        except Exception:
+            if run_id not in self.live:
+                self.worker.forget(run_id)
+            raise
+
+    def _create_run(
+        self,
+        principal: Principal,
+        session_id: str,
+        run_id: str,
+        display_name: str,
+        lora: LoraConfig,
+        gradient_accumulation_steps: int,
+        user_metadata: dict[str, Any],
+        seed: int | None,
+    ) -> TrainingRun:
+        replica = self.worker.replica_of(run_id)  # the copy whose thread runs this
+        if self.free_slots() <= 0 or self.free_slots_on(replica) <= 0:
+            holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
+            where = (
+                f"all {self.max_loras} LoRA slots are"
+                if self.free_slots() <= 0
+                else f"the {self.config.model.max_loras} LoRA slots of copy {replica} (this "
+                "run's) are all"
+            )
+            raise CapacityFull(f"{where} in use; " + self.when_a_slot_frees(holders))
         quota, held = self.per_key_quota(), self.slots_held(principal.key_id)
         if held >= quota:
             raise Forbidden(
@@ -214,6 +264,7 @@ class ModelService:
                 f"{quota}: remove one of its adapters (remove_adapter) or end a session"
             )
         adapter = "t" + secrets.token_hex(8)
+        self.model.place(adapter, replica)
         try:
             if seed is None:
                 self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
@@ -248,6 +299,7 @@ class ModelService:
         if live is not None:
             self.model.remove_adapter(live.adapter)
             self.store.deactivate_runs([run_id])
+            self.worker.forget(run_id)
 
     def live_run(self, principal: Principal, run_id: str) -> LiveRun:
         """The caller's run holding a slot: 404 for another key's or an unknown run."""

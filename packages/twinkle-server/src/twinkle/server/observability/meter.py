@@ -5,15 +5,15 @@ run's loss history for the dashboard.
 Counters and histograms are updated as requests and work finish; the queue depth and the
 LoRA slots are read from the services when /metrics is scraped (``ServiceCollector``).
 Usage per key and UTC day (``requests``, ``train_tokens``, ``sampled_tokens``,
-``prompt_tokens``) is durable; the loss history is the server process's own (the last
-``LOSS_POINTS`` points of each run).
+``prompt_tokens``) and each run's loss curve (its last ``LOSS_POINTS`` finite losses) are
+durable: both live in the store, so a restarted server shows them again.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import time
-from collections import defaultdict, deque
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -60,7 +60,7 @@ class ServiceCollector:
         model = self.state.model
         if model is not None:
             free = model.free_slots()
-            slots.add_metric(["used"], self.state.config.model.max_loras - free)
+            slots.add_metric(["used"], model.max_loras - free)
             slots.add_metric(["free"], free)
             owners = collections.Counter(live.run.owner for live in list(model.live.values()))
             for owner, count in sorted(owners.items()):
@@ -98,7 +98,6 @@ class Meter:
             registry=self.registry,
         )
         self.registry.register(ServiceCollector(state))
-        self._losses: dict[tuple[str, str], deque] = defaultdict(lambda: deque(maxlen=LOSS_POINTS))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -110,8 +109,8 @@ class Meter:
         if operation in TRAINING:
             tokens, loss = trained_tokens(result)
             amounts["train_tokens"] = tokens
-            if loss is not None and lane is not None:
-                self._losses[(owner, lane)].append((time.time(), loss))
+            if loss is not None and lane is not None and math.isfinite(loss):
+                self.state.store.add_loss(owner, lane, time.time(), loss, LOSS_POINTS)
         elif operation in SAMPLING:
             amounts["sampled_tokens"] = sampled_tokens(result)
         self.add_usage(owner, amounts)
@@ -125,4 +124,4 @@ class Meter:
         self.state.store.add_usage(owner, amounts, time.time())
 
     def losses(self, owner: str, run_id: str) -> list[tuple[float, float]]:
-        return list(self._losses.get((owner, run_id), ()))
+        return self.state.store.losses(owner, run_id)

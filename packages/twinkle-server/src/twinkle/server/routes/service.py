@@ -33,7 +33,7 @@ async def capabilities(request: Request) -> dict:
                 "max_rank": config.model.max_rank,
             }
         ],
-        "max_loras": config.model.max_loras,
+        "max_loras": state.model.max_loras,
         "losses": config.allow.losses,
         "optimizers": config.allow.optimizers,
         "lr_schedulers": config.allow.lr_schedulers,

@@ -1,5 +1,5 @@
-"""The store interface: API keys, sessions, training runs, checkpoints, futures, usage and
-telemetry.
+"""The store interface: API keys, sessions, training runs, checkpoints, futures, usage,
+telemetry and loss curves.
 
 Every record names its ``owner`` (an API key id), and every read that a request makes
 filters by owner, so a tenant cannot see another's records even by guessing ids. A
@@ -230,6 +230,15 @@ class Store(ABC):
     @abstractmethod
     def list_telemetry(self, owner: str, limit: int) -> list[TelemetryEvent]:
         """The key's latest events, newest first."""
+
+    # ---- loss curves
+    @abstractmethod
+    def add_loss(self, owner: str, run_id: str, when: float, loss: float, keep: int) -> None:
+        """Append a point to the run's loss curve, keeping only its latest ``keep`` points."""
+
+    @abstractmethod
+    def losses(self, owner: str, run_id: str) -> list[tuple[float, float]]:
+        """The run's loss curve, ``(time, loss)`` oldest first (empty for another key's)."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -84,6 +84,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX checkpoints_by_expiry ON checkpoints (expires_at)",
         ),
     ),
+    Migration(
+        4,
+        "each training run's loss curve (the dashboard's), kept across restarts",
+        (
+            """CREATE TABLE losses (
+                id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL,
+                run_id TEXT NOT NULL, at REAL NOT NULL, loss REAL NOT NULL)""",
+            "CREATE INDEX losses_by_run ON losses (owner, run_id, id)",
+        ),
+    ),
 )
 
 

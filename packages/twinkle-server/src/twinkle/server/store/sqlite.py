@@ -309,6 +309,31 @@ class SQLiteStore(Store):
         sql = "SELECT * FROM telemetry WHERE owner = ? ORDER BY id DESC LIMIT ?"
         return self._all(TelemetryEvent, sql, owner, limit)
 
+    # ---- loss curves
+    def add_loss(self, owner: str, run_id: str, when: float, loss: float, keep: int) -> None:
+        with self._tx() as db:
+            db.execute("BEGIN")
+            try:
+                db.execute(
+                    "INSERT INTO losses (owner, run_id, at, loss) VALUES (?, ?, ?, ?)",
+                    (owner, run_id, when, float(loss)),
+                )
+                db.execute(  # the points before the latest ``keep`` go
+                    "DELETE FROM losses WHERE owner = ? AND run_id = ? AND id <= ("
+                    "SELECT id FROM losses WHERE owner = ? AND run_id = ? "
+                    "ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (owner, run_id, owner, run_id, keep),
+                )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def losses(self, owner: str, run_id: str) -> list[tuple[float, float]]:
+        sql = "SELECT at, loss FROM losses WHERE owner = ? AND run_id = ? ORDER BY id"
+        with self._tx() as db:
+            return [(row["at"], row["loss"]) for row in db.execute(sql, (owner, run_id))]
+
     def close(self) -> None:
         with self._tx() as db:
             db.close()
