@@ -5,6 +5,7 @@ once. (Two copies on real Ray groups: test_ray_mode.py.)"""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -60,6 +61,9 @@ def test_lanes_spread_over_the_copies_and_their_threads_run_at_once():
         assert workers.replica_of("r4") == 1  # the copy serving fewer lanes
         gate = threading.Event()
         held = workers.submit("r1", gate.wait)  # copy 0's thread is held
+        deadline = time.monotonic() + 10
+        while workers.busy_lanes != {"r1"} and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert workers.submit("r4", lambda: "ran").result(timeout=10) == "ran"
         queued = workers.submit("r3", lambda: "later")
         assert workers.pending() == 1 and workers.busy_lanes == {"r1"}

@@ -11,11 +11,12 @@ the model's ``save``, and are recorded in the store only once complete.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,8 +221,8 @@ class ModelService:
         weights drawn from ``seed`` when given), then record the run. A full pool (or copy)
         is a 503 saying when a slot frees (a client retries it); a key at its quota in a pool
         with room is a 403 (not retried: only the key itself can free one of its slots)."""
-        try:
-            return self._create_run(
+        with self._placement(run_id) as replica:
+            return self._take_slot(
                 principal,
                 session_id,
                 run_id,
@@ -230,13 +231,21 @@ class ModelService:
                 gradient_accumulation_steps,
                 user_metadata,
                 seed,
+                replica,
             )
-        except Exception:
+
+    @contextlib.contextmanager
+    def _placement(self, run_id: str) -> Iterator[int]:
+        """The copy of the model whose thread creates the run; it stops counting the run
+        when the create fails."""
+        try:
+            yield self.worker.replica_of(run_id)
+        except BaseException:
             if run_id not in self.live:
                 self.worker.forget(run_id)
             raise
 
-    def _create_run(
+    def _take_slot(
         self,
         principal: Principal,
         session_id: str,
@@ -246,8 +255,8 @@ class ModelService:
         gradient_accumulation_steps: int,
         user_metadata: dict[str, Any],
         seed: int | None,
+        replica: int,
     ) -> TrainingRun:
-        replica = self.worker.replica_of(run_id)  # the copy whose thread runs this
         if self.free_slots() <= 0 or self.free_slots_on(replica) <= 0:
             holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
             where = (
