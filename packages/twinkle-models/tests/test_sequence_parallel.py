@@ -58,11 +58,14 @@ def test_forward_without_labels_returns_full_logits(results):
     assert [rank["logits_diff"] for rank in results] == [0.0, 0.0]
 
 
-def test_heads_not_divisible_by_ulysses_size_fail_at_setup(results):
+def test_heads_not_divisible_without_a_ring_fallback_fail_at_setup(results):
+    """Qwen3.5 with one key/value head: Ulysses cannot split it and ring attention (its
+    fallback, tested in test_context_parallel) does not run linear-attention layers."""
     for rank in results:
-        assert (
-            "ulysses_size=2 must divide the model's num_key_value_heads=1" in rank["bad_kv_heads"]
-        )
+        message = rank["bad_kv_heads"]
+        assert "ulysses_size=2 must divide the model's num_key_value_heads=1" in message
+        assert "ring attention, does not run this model" in message
+        assert "['linear_attention']" in message
 
 
 def test_moe_aux_loss_under_sp_matches_one_process(results):

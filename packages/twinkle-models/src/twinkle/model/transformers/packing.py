@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from twinkle.model.transformers.strategy.ring_attention import RING_ATTENTION
 from twinkle.model.transformers.strategy.ulysses_attention import WRAPPED as ULYSSES_WRAPPED
 from twinkle.patch import GatedDeltaNetPaddingFreePatch
 from twinkle.patch.gated_delta_net import is_gated_delta_net
@@ -37,8 +38,9 @@ logger = get_logger("twinkle.model")
 
 MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
 """Implementations whose mask comes from ``masking_utils``: packed rows are kept apart there."""
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
-"""Implementations that skip the attention between packed sequences (block-sparse or varlen)."""
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", RING_ATTENTION)
+"""Implementations that skip the attention between packed sequences (block-sparse or varlen;
+ring attention masks each block by the row's segments)."""
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
 PACK_BELOW = 0.95
 """A batch packs when its estimated packed cost is below this share of its padded cost."""

@@ -2,9 +2,10 @@
 
 NOTE the order: every rank first takes rank 0's weights, while each holds the whole
 model; then expert parallel (shards experts and their FSDP over ``ep_fsdp``), then
-Ulysses sequence parallel (patches attention), then tensor parallel (splits layers over
-``tp``), then activation checkpointing, then FSDP2 or DDP, which must come last as they
-wrap (or shard) whatever the others left; FSDP2 shards tp's DTensors over dp × fsdp.
+Ulysses sequence parallel or context parallel (patch attention), then tensor parallel
+(splits layers over ``tp``), then activation checkpointing, then FSDP2 or DDP, which must
+come last as they wrap (or shard) whatever the others left; FSDP2 shards tp's DTensors over
+dp × fsdp, and over fsdp × cp under context parallel.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from twinkle.mesh import DeviceMesh
 from twinkle.model.transformers.moe import sync_expert_gradients
+from twinkle.model.transformers.strategy.context_parallel import ContextParallelStrategy
 from twinkle.model.transformers.strategy.ddp import apply_ddp, set_ddp_gradient_sync
 from twinkle.model.transformers.strategy.fsdp import apply_fsdp, set_fsdp_gradient_sync
 from twinkle.model.transformers.strategy.grads import clip_grad_norm
@@ -31,7 +33,7 @@ from twinkle.model.transformers.strategy.tensor_parallel import (
     check_tensor_parallel,
 )
 
-SUPPORTED_DIMS = ("dp", "fsdp", "tp")
+SUPPORTED_DIMS = ("dp", "fsdp", "cp", "tp")
 KINDS = ("single", "ddp", "fsdp", "hsdp", "tp")
 
 
@@ -217,6 +219,13 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
                 "tensor-parallel weights; shard data parallel with FSDP2 instead "
                 f"(fsdp_size={device_mesh.size('dp')}, or dp × fsdp for HSDP)"
             )
+    if device_mesh.size("cp") > 1:
+        others = [n for n in ("pp", "tp", "ulysses", "ep") if device_mesh.size(n) > 1]
+        if others:
+            raise ValueError(
+                f"TransformersModel's context parallel combines with dp and fsdp, not with "
+                f"{', '.join(f'{n}_size' for n in others)} yet; drop one of them"
+            )
     world = device_mesh.world_size
     names, shape = device_mesh.mesh_dim_names, device_mesh.mesh_shape
     sizes = " × ".join(f"{n}={s}" for n, s in zip(names, shape, strict=True))
@@ -269,6 +278,9 @@ def parallelize(
     sequence_strategy = None
     if device_mesh.size("ulysses") > 1:
         sequence_strategy = SequenceParallelStrategy(device_mesh, sequence_parallel).apply(model)
+    context = device_mesh.size("cp")
+    if context > 1:
+        sequence_strategy = ContextParallelStrategy(device_mesh, sequence_parallel).apply(model)
     torch_mesh = device_mesh.to_torch()
     tensor_strategy = None
     if device_mesh.size("tp") > 1:
@@ -277,7 +289,11 @@ def parallelize(
     dp, fsdp = device_mesh.size("dp"), device_mesh.size("fsdp")
     if fsdp > 1:
         kind = "hsdp" if dp > 1 else "fsdp"
-        shard_mesh = torch_mesh["dp", "fsdp"] if dp > 1 else torch_mesh["fsdp"]
+        shard = "fsdp"
+        if context > 1:  # cp peers hold partial gradients of one batch: FSDP2 averages them
+            shard = "fsdp_cp"
+            torch_mesh["fsdp", "cp"]._flatten(shard)  # NOTE: private; torchtitan does the same
+        shard_mesh = torch_mesh["dp", shard] if dp > 1 else torch_mesh[shard]
         root = apply_fsdp(model, shard_mesh, precision)
         return ParallelPlan(
             model,
@@ -294,7 +310,7 @@ def parallelize(
     return ParallelPlan(
         model,
         "ddp",
-        group=torch_mesh["dp"].get_group(),
+        group=dist.group.WORLD if context > 1 else torch_mesh["dp"].get_group(),
         ddp_config=ddp_config,
         sequence_parallel=sequence_strategy,
     )

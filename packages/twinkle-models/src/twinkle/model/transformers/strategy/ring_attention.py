@@ -138,13 +138,14 @@ class _Ring:
         self.next = dist.get_global_rank(self.group, (layout.rank + 1) % layout.size)
         self.prev = dist.get_global_rank(self.group, (layout.rank - 1) % layout.size)
 
-    def pass_on(self, tensor: torch.Tensor):
-        """Start passing ``tensor`` on; the returned callable waits and gives what arrived."""
+    def pass_on(self, tensor: torch.Tensor, tag: int = 0):
+        """Start passing ``tensor`` on; the returned callable waits and gives what arrived.
+        ``tag`` keeps two streams in flight at once (blocks and their gradients) apart."""
         received = torch.empty_like(tensor)
         works = dist.batch_isend_irecv(
             [
-                dist.P2POp(dist.isend, tensor, self.next, self.group),
-                dist.P2POp(dist.irecv, received, self.prev, self.group),
+                dist.P2POp(dist.isend, tensor, self.next, self.group, tag),
+                dist.P2POp(dist.irecv, received, self.prev, self.group, tag),
             ]
         )
 
@@ -201,7 +202,7 @@ class RingAttention(torch.autograd.Function):
                 dkv[0] += dk_b
                 dkv[1] += dv_b
             # The block's gradient goes on with it; after the last step it arrives home.
-            dkv = ring.pass_on(dkv)()
+            dkv = ring.pass_on(dkv, tag=1)()
             if arriving is not None:
                 kv = arriving()
         return dq.view(q.shape).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None

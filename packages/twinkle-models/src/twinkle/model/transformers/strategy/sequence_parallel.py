@@ -46,6 +46,9 @@ from twinkle.model.transformers.strategy.ulysses_attention import (
 )
 from twinkle.model.transformers.strategy.ulysses_comm import gather_sequence
 from twinkle.model.transformers.strategy.ulysses_linear import gather_linear_attention
+from twinkle.utils import get_logger
+
+logger = get_logger("twinkle.model")
 
 SP_ATTRIBUTE = "twinkle_sequence_parallel"
 MASK_FUNCTIONS = {
@@ -80,24 +83,91 @@ def _my_group(groups: list[list[int]]) -> dist.ProcessGroup:
     return mine
 
 
-def _check_heads(text_config, size: int) -> None:
+def _unsplittable_heads(text_config, size: int) -> str | None:
+    """Why Ulysses cannot split the model's heads over ``size`` ranks; None when it can."""
     for name in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text_config, name, None)
         if heads is not None and heads % size:
-            raise ValueError(
-                f"ulysses_size={size} must divide the model's {name}={heads}: Ulysses splits "
-                f"attention heads across the SP group. Pick a ulysses_size that divides "
-                f"{heads}, or train without sequence parallel"
-            )
+            return f"ulysses_size={size} must divide the model's {name}={heads}"
+    return None
+
+
+def _check_heads(text_config, size: int) -> None:
+    why = _unsplittable_heads(text_config, size)
+    if why is not None:
+        raise ValueError(
+            f"{why}: Ulysses splits attention heads across the SP group. Pick a ulysses_size "
+            "that divides it, or use SequenceParallelStrategy, which falls back to ring "
+            "attention"
+        )
+
+
+@dataclass
+class PaddedRows:
+    """A batch padded to a multiple of the ranks that split it: padding is masked out of a
+    padded row and is a sequence of its own in a packed one (positions from 0; ``bounds``,
+    the packed row's cu_seq_lens, gets it as one more sequence). ``length`` is the
+    unpadded one; position_ids default to 0..T-1 as transformers' do."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    labels: torch.Tensor | None
+    bounds: torch.Tensor | None
+    length: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def of(cls, batch: dict, multiple: int) -> PaddedRows:
+        input_ids = batch["input_ids"]
+        batch_size, length = input_ids.shape
+        pad = -length % multiple
+        mask, labels = batch.get("attention_mask"), batch.get("labels")
+        positions = batch.get("position_ids")
+        if positions is None:
+            positions = torch.arange(length, device=input_ids.device).expand(batch_size, -1)
+        bounds = batch.get("cu_seq_lens_q")
+        if pad:
+            input_ids = nn.functional.pad(input_ids, (0, pad))
+            tail = torch.arange(pad, device=positions.device).expand(batch_size, -1)
+            if mask is not None:
+                tail = tail + positions[:, -1:] + 1
+                mask = nn.functional.pad(mask, (0, pad))
+            positions = torch.cat([positions, tail], dim=1)
+            if labels is not None:
+                labels = nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
+            if bounds is not None:
+                bounds = torch.cat([bounds, bounds.new_tensor([length + pad])])
+        return cls(input_ids, positions, mask, labels, bounds, length)
 
 
 class SequenceShard:
-    """One forward's shard: what ``outputs`` needs to turn local logits into full outputs."""
+    """One forward's shard: what ``outputs`` needs to turn local logits into full outputs.
+
+    ``positions`` are the padded row's positions this rank ran (default: its contiguous
+    slice, Ulysses' split); ``order`` is the index that puts an all-gather of every rank's
+    pieces back in sequence order (default: the pieces are in order already). Context
+    parallel's zigzag split sets both."""
 
     def __init__(
-        self, sp: SequenceParallel, batch_size: int, length: int, labels: torch.Tensor | None
+        self,
+        sp: SequenceParallel,
+        batch_size: int,
+        length: int,
+        labels: torch.Tensor | None,
+        positions: torch.Tensor | None = None,
+        order: torch.Tensor | None = None,
     ) -> None:
         self.sp, self.batch_size, self.length, self.labels = sp, batch_size, length, labels
+        self.positions, self.order = positions, order
+
+    def _gather(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's (B, T_local, ...) pieces as the (B, T_padded, ...) row, in order."""
+        gathered = gather_sequence(local, 1, self.sp.group)
+        return gathered if self.order is None else gathered.index_select(1, self.order)
 
     def outputs(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{'logits'}`` without labels; else ``{'logps', 'pred_ids'}`` (B, T) aligned
@@ -105,19 +175,21 @@ class SequenceShard:
         sp = self.sp
         if self.labels is None:
             if sp.config.gather_logits:
-                logits = gather_sequence(logits, 1, sp.group)[:, : self.length]
+                logits = self._gather(logits)[:, : self.length]
             return {"logits": logits.float()}
         # logits[:, t] predicts the label of the next token: score against labels shifted by one.
-        start = sp.rank * logits.shape[1]
         shifted = torch.nn.functional.pad(self.labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-        targets_local = shifted[:, start : start + logits.shape[1]]
+        if self.positions is None:
+            start = sp.rank * logits.shape[1]
+            targets_local = shifted[:, start : start + logits.shape[1]]
+        else:
+            targets_local = shifted[:, self.positions]
         rows, cols = (targets_local != IGNORE_INDEX).nonzero(as_tuple=True)
         logps, ids = chunked_logits_logps(logits, rows, cols, targets_local[rows, cols])
         local_logps = logits.new_zeros(targets_local.shape, dtype=logps.dtype)
         local_logps = local_logps.index_put((rows, cols), logps)
         local_ids = torch.full_like(targets_local, IGNORE_INDEX).index_put((rows, cols), ids)
-        next_logps = gather_sequence(local_logps, 1, sp.group)
-        next_ids = gather_sequence(local_ids, 1, sp.group)
+        next_logps, next_ids = self._gather(local_logps), self._gather(local_ids)
         # Back to label alignment: position t holds log p(labels[t] | tokens < t).
         logps = torch.nn.functional.pad(next_logps[:, : self.length - 1], (1, 0))
         pred_ids = torch.nn.functional.pad(
@@ -134,7 +206,7 @@ class SequenceShard:
         for layer in router_logits:
             shard = layer.shape[0] // self.batch_size
             rows = layer.reshape(self.batch_size, shard, layer.shape[-1])
-            rows = gather_sequence(rows, 1, self.sp.group)[:, : self.length]
+            rows = self._gather(rows)[:, : self.length]
             full.append(rows.reshape(-1, layer.shape[-1]))
         return full
 
@@ -194,44 +266,26 @@ class SequenceParallel:
     ) -> tuple[dict, SequenceShard]:
         """This rank's model inputs for ``batch`` (input_ids, position_ids, full masks; for a
         packed row also its cu_seq_lens) and the shard that turns its logits into outputs."""
-        input_ids = batch["input_ids"]
-        batch_size, length = input_ids.shape
-        pad = -length % self.size
-        mask = batch.get("attention_mask")
-        positions = batch.get("position_ids")
-        if positions is None:
-            positions = torch.arange(length, device=input_ids.device).expand(batch_size, -1)
-        labels = batch.get("labels")
-        if pad:
-            input_ids = nn.functional.pad(input_ids, (0, pad))
-            # Packed rows: the padding is a sequence of its own; padded rows: masked out.
-            tail = torch.arange(pad, device=positions.device).expand(batch_size, -1)
-            if mask is not None:
-                tail = tail + positions[:, -1:] + 1
-                mask = nn.functional.pad(mask, (0, pad))
-            positions = torch.cat([positions, tail], dim=1)
-            if labels is not None:
-                labels = nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
-        full = length + pad
+        rows = PaddedRows.of(batch, self.size)
+        full = rows.input_ids.shape[1]
         local = slice(self.rank * full // self.size, (self.rank + 1) * full // self.size)
         inputs = {
-            "input_ids": input_ids[:, local],
-            "position_ids": positions[:, local],
-            "attention_mask": self._masks(embed_dtype, batch_size, full, mask, positions),
+            "input_ids": rows.input_ids[:, local],
+            "position_ids": rows.position_ids[:, local],
+            "attention_mask": self._masks(
+                embed_dtype, rows.batch_size, full, rows.attention_mask, rows.position_ids
+            ),
         }
-        if "cu_seq_lens_q" in batch:
+        if rows.bounds is not None:
             # Varlen kernels of gathered linear-attention layers see the full padded row.
-            bounds = batch["cu_seq_lens_q"]
-            if pad:
-                bounds = torch.cat([bounds, bounds.new_tensor([full])])
-            longest = int(bounds.diff().max())
+            longest = int(rows.bounds.diff().max())
             inputs.update(
-                cu_seq_lens_q=bounds,
-                cu_seq_lens_k=bounds,
+                cu_seq_lens_q=rows.bounds,
+                cu_seq_lens_k=rows.bounds,
                 max_length_q=longest,
                 max_length_k=longest,
             )
-        return inputs, SequenceShard(self, batch_size, length, labels)
+        return inputs, SequenceShard(self, rows.batch_size, rows.length, rows.labels)
 
 
 class SequenceParallelStrategy:
@@ -279,12 +333,32 @@ class SequenceParallelStrategy:
                 f"the DeviceMesh has {self.device_mesh.world_size} ranks but torch.distributed "
                 f"has {dist.get_world_size()}; size the mesh to the launched processes"
             )
-        _check_heads(_hf_model(model).config.get_text_config(), self.size)
-        group = _my_group(self.device_mesh.group_ranks("ulysses"))
-        self._core = SequenceParallel(model, group, self.config)
+        group = _my_group(self.device_mesh.group_ranks(self.dim))
+        self._core = self._build_core(model, group)
         # Kept on the model too, so its wrapper finds it whatever strategy wraps the model.
         setattr(_hf_model(model), SP_ATTRIBUTE, self)
         return self
+
+    dim = "ulysses"
+    """The mesh dimension whose groups split a sequence."""
+
+    def _build_core(self, model: nn.Module, group: dist.ProcessGroup):
+        """Ulysses on ``model`` over ``group``; where it cannot split the attention heads (they
+        do not divide the group, or there are fewer than its ranks), ring attention over the
+        same group instead (``context_parallel.ContextParallel``), which splits no heads."""
+        why = _unsplittable_heads(_hf_model(model).config.get_text_config(), self.size)
+        if why is None:
+            return SequenceParallel(model, group, self.config)
+        from twinkle.model.transformers.strategy.context_parallel import ContextParallel
+
+        logger.info("%s to split its heads; ring attention over the SP group instead", why)
+        try:
+            return ContextParallel(model, group, self.config)
+        except NotImplementedError as exc:
+            raise NotImplementedError(
+                f"{why} to split its heads, and the fallback, ring attention, does not run "
+                f"this model: {exc}"
+            ) from exc
 
     def _applied(self) -> SequenceParallel:
         if self._core is None:
