@@ -6,7 +6,7 @@ family means adding a file and its tests, not editing branches elsewhere."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -52,23 +52,62 @@ TP_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
 sums the outputs, ``replicated_with_grad_allreduce`` keeps a weight whole on every rank
 but sums its gradient, which each rank computes from its own heads (q/k norms)."""
 
-DENSE_TP_PLAN = {
+
+@dataclass(frozen=True)
+class HeadSharedTail:
+    """A module kept whole on every tp rank whose last ``config.<attribute>`` output
+    features feed every attention head: MLA's ``kv_a_proj_with_mqa``, whose rope key
+    (``qk_rope_head_dim`` features) is shared by all heads. Each rank's backward gives the
+    gradient of its own heads only, so tensor parallel sums that part over the tp ranks."""
+
+    attribute: str
+
+
+@dataclass(frozen=True)
+class TensorParallelPlan:
+    """A family's tensor-parallel plan for TransformersModel: ``styles`` maps module name
+    patterns under the decoder to a style of ``TP_STYLES`` (or a :class:`HeadSharedTail`);
+    ``widths`` are the config attributes the split divides (checked at setup against
+    tp_size); ``whole`` names the modules the plan keeps replicated on purpose, and why
+    (the modules it names nowhere are replicated too: norms, embeddings, routers)."""
+
+    styles: dict[str, str | HeadSharedTail]
+    widths: tuple[str, ...] = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+    whole: dict[str, str] = field(default_factory=dict)
+
+
+ATTENTION_TP = {
     "layers.*.self_attn.q_proj": "colwise",
     "layers.*.self_attn.k_proj": "colwise",
     "layers.*.self_attn.v_proj": "colwise",
     "layers.*.self_attn.o_proj": "rowwise",
+}
+QK_NORMS_TP = {
+    "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
+    "layers.*.self_attn.k_norm": "replicated_with_grad_allreduce",
+}
+MLP_TP = {
     "layers.*.mlp.gate_proj": "colwise",
     "layers.*.mlp.up_proj": "colwise",
     "layers.*.mlp.down_proj": "rowwise",
 }
+
+
+def mlp_tp(prefix: str) -> dict[str, str]:
+    """An MLP's split under ``prefix`` (``layers.*.mlp.shared_expert``, say)."""
+    return {f"{prefix}.{pattern.rsplit('.', 1)[1]}": s for pattern, s in MLP_TP.items()}
+
+
+EXPERTS_WHOLE = {
+    "layers.*.mlp.experts": "the routed experts stay whole on every tp rank (each computes "
+    "them for the same tokens); they split over ep ranks instead (ep_size)",
+}
+
+DENSE_TP_PLAN = TensorParallelPlan({**ATTENTION_TP, **MLP_TP})
 """Megatron's layout of a standard decoder: attention heads and MLP width split over the
 tensor-parallel ranks, one all-reduce after each of attention and MLP."""
 
-QK_NORM_TP_PLAN = {
-    **DENSE_TP_PLAN,
-    "layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
-    "layers.*.self_attn.k_norm": "replicated_with_grad_allreduce",
-}
+QK_NORM_TP_PLAN = TensorParallelPlan({**ATTENTION_TP, **QK_NORMS_TP, **MLP_TP})
 
 
 @dataclass(frozen=True)
@@ -95,8 +134,8 @@ DECODER_LAYOUT = PipelineLayout()
 class ModelFamily:
     """One family: its name, the ``model_type`` values of its configs, its MoE layout
     (None when dense), its Megatron rules (None when MegatronModel does not convert it)
-    its tensor-parallel plan for TransformersModel (module name patterns under the
-    decoder to a style of ``TP_STYLES``; None when it has none) and its ``pipeline`` layout
+    its tensor-parallel plan for TransformersModel (``TensorParallelPlan``; None when it
+    has none) and its ``pipeline`` layout
     (None: TransformersModel does not split it into pipeline stages). Compared and hashed by
     identity: a registered family is one object."""
 
@@ -104,7 +143,7 @@ class ModelFamily:
     model_types: tuple[str, ...]
     moe: MoeLayout | None = None
     megatron: MegatronRules | None = None
-    tp_plan: dict[str, str] | None = None
+    tp_plan: TensorParallelPlan | None = None
     pipeline: PipelineLayout | None = None
 
     def is_moe_block(self, module: nn.Module) -> bool:

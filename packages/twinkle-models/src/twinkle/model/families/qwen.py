@@ -7,12 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from twinkle.model.families.base import (
+    ATTENTION_TP,
     DECODER_LAYOUT,
     DENSE_TP_PLAN,
+    EXPERTS_WHOLE,
+    MLP_TP,
     QK_NORM_TP_PLAN,
+    QK_NORMS_TP,
     MegatronRules,
     ModelFamily,
     MoeLayout,
+    TensorParallelPlan,
+    mlp_tp,
 )
 from twinkle.model.families.routing import softmax_top_k
 
@@ -51,9 +57,31 @@ QWEN3_MOE = ModelFamily(
     ("qwen3_moe",),
     moe=MoeLayout(route=softmax_top_k),
     megatron=MegatronRules(qk_norm=True, moe=qwen3_moe_megatron),
+    # Attention as Qwen3; the MLP patterns split the dense layers (mlp_only_layers).
+    tp_plan=TensorParallelPlan(QK_NORM_TP_PLAN.styles, whole=EXPERTS_WHOLE),
+)
+QWEN3_5_TP_PLAN = TensorParallelPlan(
+    # Full-attention layers: q_proj holds each head's query and output gate side by side
+    # (head_dim × 2 per head), so a split by heads keeps both on one rank.
+    {**ATTENTION_TP, **QK_NORMS_TP, **MLP_TP, **mlp_tp("layers.*.mlp.shared_expert")},
+    widths=(
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "shared_expert_intermediate_size",
+    ),
+    whole={
+        "layers.*.linear_attn": "GatedDeltaNet's fused in_proj_qkv (in_proj_qkvz in "
+        "Qwen3-Next) and its depthwise conv1d hold the queries, keys and values of all heads "
+        "one after the other: a contiguous split would give one rank all the queries, so "
+        "the linear-attention layers stay whole on every tp rank",
+        "layers.*.mlp.shared_expert_gate": "one output (the shared expert's scalar gate)",
+        **EXPERTS_WHOLE,
+    },
 )
 QWEN3_5 = ModelFamily(
     "qwen3_5",
     ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
     moe=MoeLayout(route=softmax_top_k, shared="shared_expert", shared_gate="shared_expert_gate"),
+    tp_plan=QWEN3_5_TP_PLAN,
 )

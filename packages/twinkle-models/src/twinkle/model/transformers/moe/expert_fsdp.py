@@ -26,18 +26,26 @@ from twinkle.mesh import DeviceMesh
 
 
 def expert_shard_mesh(device_mesh: DeviceMesh) -> TorchMesh:
-    """The torch mesh the experts are sharded on: (ep_replicate, ep_fsdp) or (ep_fsdp,)."""
+    """The torch mesh the experts are sharded on: (ep_replicate, ep_fsdp) or (ep_fsdp,), among
+    the ranks with this rank's tp coordinate (tp peers run the same experts on the same
+    tokens, each holding them whole)."""
     ep, data = device_mesh.size("ep"), device_mesh.size("dp") * device_mesh.size("fsdp")
-    if data != device_mesh.world_size:
+    tp = device_mesh.size("tp")
+    if data * tp != device_mesh.world_size:
         raise NotImplementedError(
-            "FSDP of experts over ep_fsdp covers meshes of dp and fsdp only; this mesh also has "
-            f"{[d for d in device_mesh.mesh_dim_names if d not in ('dp', 'fsdp')]}"
+            "FSDP of experts over ep_fsdp covers meshes of dp, fsdp and tp only; this mesh also "
+            f"has {[d for d in device_mesh.mesh_dim_names if d not in ('dp', 'fsdp', 'tp')]}"
         )
     shards = device_mesh.ep_fsdp_size or data // ep
     replicas = data // (ep * shards)
-    # Rank d has ep coordinate d % ep, ep_fsdp coordinate (d // ep) % shards (DeviceMesh).
-    layout = torch.arange(data).view(replicas, shards, ep).permute(2, 0, 1)
-    names = ("ep", "ep_replicate", "ep_fsdp")
+    # Rank d of the data ranks has ep coordinate d % ep and ep_fsdp coordinate
+    # (d // ep) % shards (DeviceMesh); place every rank by its coordinates.
+    layout = torch.empty(ep, tp, replicas, shards, dtype=torch.long)
+    for rank in range(device_mesh.world_size):
+        c = device_mesh.coords(rank)
+        d = c.get("dp", 0) * device_mesh.size("fsdp") + c.get("fsdp", 0)
+        layout[d % ep, c.get("tp", 0), d // (ep * shards), (d // ep) % shards] = rank
+    names = ("ep", "tp", "ep_replicate", "ep_fsdp")
     mesh = TorchMesh(device_mesh.device_type, layout, mesh_dim_names=names)
     return mesh["ep_replicate", "ep_fsdp"] if replicas > 1 else mesh["ep_fsdp"]
 

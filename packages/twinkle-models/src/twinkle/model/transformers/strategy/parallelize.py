@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from twinkle.mesh import DeviceMesh
-from twinkle.model.transformers.moe import sync_expert_gradients
+from twinkle.model.transformers.moe import expert_parameters, sync_expert_gradients
 from twinkle.model.transformers.strategy.context_parallel import ContextParallelStrategy
 from twinkle.model.transformers.strategy.ddp import apply_ddp, set_ddp_gradient_sync
 from twinkle.model.transformers.strategy.fsdp import apply_fsdp, set_fsdp_gradient_sync
@@ -154,11 +154,15 @@ class ParallelPlan:
     def reduce_extra_gradients(self) -> None:
         """The gradient reductions the strategy's wrapper leaves out, after the last backward
         before a step: under DDP, expert-parallel weights (outside DDP) over the ranks holding
-        the same experts. A collective."""
-        if self.kind == "ddp":
+        the same experts; under dp × tp (no FSDP), every gradient over dp. A collective."""
+        if self.kind in ("ddp", "tp"):
             sync_expert_gradients(_hf_model(self.model))
         if self.tensor_parallel is not None:
             self.tensor_parallel.reduce_gradients()
+        if self.kind == "tp" and self.gradient_ranks > 1:  # what DDP does, over dp
+            experts = {id(p) for p in expert_parameters(self.model)}
+            dense = [p for p in self.model.parameters() if id(p) not in experts]
+            self.tensor_parallel.average_over_data(dense, self.group)
 
     # ---- collectives ----------------------------------------------------------------------
 
@@ -205,20 +209,13 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
             f"ep_size carved from dp × fsdp); this mesh also has {', '.join(extra)}: pipeline "
             "and context parallel need MegatronModel"
         )
-    if device_mesh.size("tp") > 1:
-        others = [n for n in ("ulysses", "ep") if device_mesh.size(n) > 1]
-        if others or device_mesh.etp_size is not None:
-            raise ValueError(
-                f"TransformersModel's tensor parallel does not combine with "
-                f"{', '.join(f'{n}_size' for n in others) or 'etp_size'} yet; use MegatronModel "
-                "for tp with sequence or expert parallel, or drop tp_size"
-            )
-        if device_mesh.size("dp") > 1 and device_mesh.size("fsdp") == 1:
-            raise ValueError(
-                f"tp_size with dp_size={device_mesh.size('dp')} alone: DDP does not take "
-                "tensor-parallel weights; shard data parallel with FSDP2 instead "
-                f"(fsdp_size={device_mesh.size('dp')}, or dp × fsdp for HSDP)"
-            )
+    if device_mesh.size("etp") > 1:
+        raise ValueError(
+            f"etp_size={device_mesh.etp_size}: TransformersModel keeps every expert whole (the "
+            "routed experts split over ep ranks; under tp each tp rank runs its experts for "
+            "the same tokens), so experts are not tensor-parallel here; drop etp_size, or use "
+            "MegatronModel to split experts over etp"
+        )
     if device_mesh.size("cp") > 1:
         others = [n for n in ("pp", "tp", "ulysses", "ep") if device_mesh.size(n) > 1]
         if others:
@@ -265,7 +262,8 @@ def parallelize(
     """
     if device_mesh is not None:
         if device_mesh.size("tp") > 1:  # before any collective, so every rank says why
-            check_tensor_parallel(_hf_model(model).config, device_mesh.size("tp"))
+            tp, ulysses = device_mesh.size("tp"), device_mesh.size("ulysses")
+            check_tensor_parallel(_hf_model(model).config, tp, ulysses)
         check_mesh(device_mesh)
     if device_mesh is None or device_mesh.world_size == 1:
         _enable_activation_checkpointing(model, gradient_checkpointing)
@@ -303,9 +301,13 @@ def parallelize(
             sequence_parallel=sequence_strategy,
             tensor_parallel=tensor_strategy,
         )
-    if tensor_strategy is not None:  # tp alone: every rank reads the same batch
+    if tensor_strategy is not None:  # dp × tp: gradients averaged over dp once per step
         return ParallelPlan(
-            model, "tp", group=torch_mesh["dp"].get_group(), tensor_parallel=tensor_strategy
+            model,
+            "tp",
+            group=torch_mesh["dp"].get_group(),
+            sequence_parallel=sequence_strategy,
+            tensor_parallel=tensor_strategy,
         )
     return ParallelPlan(
         model,
