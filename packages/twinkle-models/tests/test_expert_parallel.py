@@ -2,14 +2,16 @@
 
 Two torchrun launches run scripts/ep_equivalence.py: 2 ranks (the functions on Qwen3-MoE,
 Qwen3.5-MoE and the bundled DeepSeek-V3 and GLM-4.5 with DDP-style reduction;
-TransformersModel under FSDP2, under DDP, and with Ulysses SP(2) on the same ranks) and 4
-ranks (TransformersModel, EP(2) × ep_fsdp(2)).
+TransformersModel under FSDP2, under DDP, and with Ulysses SP(2) on the same ranks; and
+TransformersModel under FSDP2 on DeepSeek-V3 and GLM-4.5) and 4 ranks (TransformersModel,
+EP(2) × ep_fsdp(2), on Qwen3-MoE and DeepSeek-V3; checkpoints of both).
 Tolerances (float32): losses to 1e-6 relative; first-step gradients to 1e-6 absolute and
 parameters after 3 SGD steps to 1e-5 (measured: <= 1.4e-7, <= 2.5e-7); through
-TransformersModel, the first step's loss and clipped gradient norm to 1e-6 relative and
-later ones to 1e-5 (measured: <= 1.6e-6), parameters after 3 AdamW steps (lr 1e-2) to 1e-4
-(measured: <= 1.6e-5; Adam turns float32 noise on near-zero gradients into step-sized
-differences).
+TransformersModel, the first step's loss to 1e-6 relative and its gradient norm to 1e-5
+(measured 2.4e-6 on DeepSeek-V3 / GLM-4.5: a norm over FSDP shards and EP ranks sums in
+another order), later ones to 1e-5 (measured: <= 1.6e-6), parameters after 3 AdamW steps
+(lr 1e-2) to 1e-4 (measured: <= 1.6e-5; Adam turns float32 noise on near-zero gradients
+into step-sized differences).
 Checkpoints under EP(2) (FSDP2 and DDP in the 2-rank launch, × ep_fsdp(2) in the 4-rank
 one): the saved folder loads in one process with transformers and equals the gathered
 weights exactly, as does TransformersModel(...).load in one process; a resume continues bit
@@ -71,29 +73,34 @@ def check_model_case(ranks: list[dict], case: str) -> None:
         # Step 1 starts from the same weights. After an AdamW step the weights differ by
         # float32 noise that Adam scales up to step size (parameters: 1e-4 below), so later
         # losses and gradient norms agree to 1e-5 (measured 1.6e-6).
-        for name in ("losses", "grad_norms"):
+        for name, first_rel in (("losses", 1e-6), ("grad_norms", 1e-5)):
             (first, *later), (first_ref, *later_ref) = got[f"{name}_ep"], got[f"{name}_ref"]
-            assert first == pytest.approx(first_ref, rel=1e-6), name
+            assert first == pytest.approx(first_ref, rel=first_rel), name
             assert later == pytest.approx(later_ref, rel=1e-5), name
     # Rank 0 compares every weight, the experts gathered whole from the EP ranks.
-    assert ranks[0][case]["weights_compared"] == 25
+    assert ranks[0][case]["weights_compared"] == ranks[0][case]["weights_expected"] > 20
     assert ranks[0][case]["max_param_diff"] < 1e-4
 
 
-@pytest.mark.parametrize("case", ["model_ep", "model_ep_ddp", "model_ep_sp"])
+@pytest.mark.parametrize(
+    "case",
+    ["model_ep", "model_ep_ddp", "model_ep_sp", "model_ep_deepseek_v3", "model_ep_glm4_moe"],
+)
 def test_transformers_model_under_ep_matches_one_process(two_ranks, case):
     check_model_case(two_ranks, case)
 
 
-def test_transformers_model_under_ep_and_ep_fsdp_matches_one_process(four_ranks):
-    check_model_case(four_ranks, "model_ep_fsdp")
+@pytest.mark.parametrize("case", ["model_ep_fsdp", "model_ep_fsdp_deepseek_v3"])
+def test_transformers_model_under_ep_and_ep_fsdp_matches_one_process(four_ranks, case):
+    check_model_case(four_ranks, case)
 
 
-def check_checkpoint_case(ranks: list[dict], case: str) -> None:
+def check_checkpoint_case(ranks: list[dict], case: str, moe_layers: int = 2) -> None:
     main = ranks[0][case]
     assert main["folder_keys_match"]
     assert main["folder_max_diff"] == 0.0
-    assert main["folder_experts"] == [4, 4, 4, 4]  # every expert whole, not the local 2
+    # Every expert whole, not the local 2: 2 weights per MoE layer.
+    assert main["folder_experts"] == [4] * 2 * moe_layers
     assert main["single_load_max_diff"] == 0.0
     for rank in ranks:
         got = rank[case]
@@ -108,8 +115,13 @@ def test_a_checkpoint_under_ep_is_one_hf_folder_and_resumes(two_ranks, case):
     check_checkpoint_case(two_ranks, case)
 
 
-def test_a_checkpoint_under_ep_and_ep_fsdp_is_one_hf_folder_and_resumes(four_ranks):
-    check_checkpoint_case(four_ranks, "checkpoint_ep_fsdp")
+@pytest.mark.parametrize(
+    ("case", "moe_layers"), [("checkpoint_ep_fsdp", 2), ("checkpoint_ep_fsdp_deepseek_v3", 1)]
+)
+def test_a_checkpoint_under_ep_and_ep_fsdp_is_one_hf_folder_and_resumes(
+    four_ranks, case, moe_layers
+):
+    check_checkpoint_case(four_ranks, case, moe_layers)
 
 
 def test_an_adapter_saved_under_ep_holds_the_dense_lora_and_resumes(two_ranks):

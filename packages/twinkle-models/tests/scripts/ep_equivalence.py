@@ -18,10 +18,12 @@ TransformersModel: its own loop (AdamW, clipping) with the mesh, against a
 TransformersModel without a mesh on the global batch: FSDP2 for the dense model with the
 experts as FSDP units of their own (ep folded into fsdp=2), and DDP (dp=2) with the
 experts left out of it, and EP(2) with Ulysses SP(2) on the same two ranks (each rank
-dispatches its sequence shard's tokens). With 4 ranks only the FSDP case runs, on EP(2) ×
-ep_fsdp(2).
+dispatches its sequence shard's tokens); the FSDP2 case also on the bundled DeepSeek-V3 and
+GLM-4.5. With 4 ranks the FSDP cases run on EP(2) × ep_fsdp(2), for Qwen3-MoE and
+DeepSeek-V3.
 
-Checkpoints (2 ranks, under FSDP2 and under DDP; 4 ranks, EP(2) × ep_fsdp(2)): a run trains
+Checkpoints (2 ranks, under FSDP2 and under DDP; 4 ranks, EP(2) × ep_fsdp(2), Qwen3-MoE
+and DeepSeek-V3): a run trains
 1 step, saves, trains 2 more; rank 0 loads the folder with transformers alone and compares
 it with the gathered weights; a model with other random weights resumes the folder (weights
 cut back to its experts, optimizer state through torch.distributed.checkpoint) and takes the
@@ -168,14 +170,10 @@ def run_case(kind: str, mesh: DeviceMesh) -> dict:
     }
 
 
-def train_model(mesh: DeviceMesh | None) -> dict:
-    """TransformersModel's loop on the tiny Qwen3-MoE: per-step losses, gathered weights."""
-    model = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=mesh)
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, param in model.model.named_parameters():
-            if "gate.weight" in name:
-                param.normal_(std=0.5, generator=generator)
+def train_model(mesh: DeviceMesh | None, kind: str = "qwen3_moe") -> dict:
+    """TransformersModel's loop on a tiny MoE of ``kind``: per-step losses, gathered weights."""
+    model = TransformersModel(config=tiny_config(kind), device="cpu", device_mesh=mesh)
+    init_routers(model, 2)
     model.set_optimizer("AdamW", lr=1e-2)
     losses, norms = [], []
     for rows in batches(model.model.config.vocab_size):
@@ -192,20 +190,26 @@ def train_model(mesh: DeviceMesh | None) -> dict:
 
 
 def init_routers(model: TransformersModel, seed: int) -> None:
+    """Routers start at zero: spread them so experts differ; shift the load-balancing bias
+    of the bias-routed families (DeepSeek-V3, GLM-4.5) so it changes choices."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.model.named_parameters():
             if "gate.weight" in name:
                 param.normal_(std=0.5, generator=generator)
+        for name, buffer in model.model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.linspace(-0.2, 0.2, buffer.numel()))
 
 
-def checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
+def checkpoint_case(mesh: DeviceMesh, folder: Path, kind: str = "qwen3_moe") -> dict:
     """Save under EP after 1 of 3 steps; load the folder in one process; resume from it."""
-    rows_per_step, losses = batches(SMALL["vocab_size"]), []
+    config = tiny_config(kind)
+    rows_per_step, losses = batches(config.vocab_size), []
 
     def model_with(seed: int) -> TransformersModel:
         torch.manual_seed(seed)
-        model = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=mesh)
+        model = TransformersModel(config=config, device="cpu", device_mesh=mesh)
         init_routers(model, seed)
         model.set_optimizer("AdamW", lr=1e-2)
         return model
@@ -232,7 +236,7 @@ def checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
         )
         result["folder_experts"] = [loaded[name].shape[0] for name in sorted(experts)]
         # Weights-only onto another mesh: a TransformersModel in one process loads the folder.
-        single = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu")
+        single = TransformersModel(config=config, device="cpu")
         single.load(path)
         result["single_load_max_diff"] = max(
             float((single.model.state_dict()[name] - tensor).abs().max())
@@ -244,7 +248,7 @@ def checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
         result[key] = [step(resumed, rows) for rows in rows_per_step[1:]]
     if mesh.size("fsdp") > 1:  # the same ranks without EP: the optimizer state does not fit
         dense = DeviceMesh.from_sizes(fsdp_size=dist.get_world_size(), device_type="cpu")
-        other = TransformersModel(config=tiny_config("qwen3_moe"), device="cpu", device_mesh=dense)
+        other = TransformersModel(config=config, device="cpu", device_mesh=dense)
         other.set_optimizer("AdamW", lr=1e-2)
         try:
             other.resume_from_checkpoint(path)
@@ -289,8 +293,8 @@ def adapter_checkpoint_case(mesh: DeviceMesh, folder: Path) -> dict:
     return result
 
 
-def model_case(mesh: DeviceMesh) -> dict:
-    reference, parallel = train_model(None), train_model(mesh)
+def model_case(mesh: DeviceMesh, kind: str = "qwen3_moe") -> dict:
+    reference, parallel = train_model(None, kind), train_model(mesh, kind)
     diffs = [
         (reference["weights"][name] - weight).abs().max()
         for name, weight in parallel["weights"].items()
@@ -301,6 +305,7 @@ def model_case(mesh: DeviceMesh) -> dict:
         "grad_norms_ref": reference["grad_norms"],
         "grad_norms_ep": parallel["grad_norms"],
         "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
+        "weights_expected": len(reference["weights"]),
         "max_param_diff": float(max(diffs)) if diffs else None,
     }
 
@@ -314,6 +319,10 @@ def main(out: Path) -> None:
         result = {
             "model_ep_fsdp": model_case(mesh),
             "checkpoint_ep_fsdp": checkpoint_case(mesh, out / "ep_fsdp"),
+            "model_ep_fsdp_deepseek_v3": model_case(mesh, "deepseek_v3"),
+            "checkpoint_ep_fsdp_deepseek_v3": checkpoint_case(
+                mesh, out / "ep_fsdp_deepseek", "deepseek_v3"
+            ),
         }
     else:
         # dp=2: DDP, experts stay whole and sync_expert_gradients reduces them; with
@@ -327,6 +336,8 @@ def main(out: Path) -> None:
             "glm4_moe": run_case("glm4_moe", mesh),
             "model_ep": model_case(fsdp_mesh),
             "model_ep_ddp": model_case(mesh),
+            "model_ep_deepseek_v3": model_case(fsdp_mesh, "deepseek_v3"),
+            "model_ep_glm4_moe": model_case(fsdp_mesh, "glm4_moe"),
             "model_ep_sp": model_case(
                 DeviceMesh.from_sizes(world_size=2, ep_size=2, ulysses_size=2, device_type="cpu")
             ),
