@@ -304,3 +304,40 @@ def test_a_pinned_plugin_loss_runs_on_the_ray_worker(ray_server):
 
     plain = loss_with("CrossEntropyLoss")
     assert loss_with(f"{PLUGIN_REPO}:DoubledLoss") == pytest.approx(2 * plain, rel=1e-5)
+
+
+def test_a_stream_from_the_sampler_group_hears_tokens_while_the_worker_draws(
+    ray_server, monkeypatch
+):
+    """The OpenAI stream of a TorchSampler on its Ray group: each token is relayed while the
+    remote call still runs (not chunks made after it), and the pieces add up to the whole
+    answer of the same seed."""
+    from twinkle.server.openai.live_stream import LiveStream
+
+    state, http, headers = ray_server
+    assert state.sampler.streams_tokens
+    heard: list[bool] = []  # per token: whether the remote call was still running
+    listener = LiveStream.listener
+
+    def recording(self, prompt):
+        heard_token = listener(self, prompt)
+
+        def heard_while_running(row, token, pairs):
+            heard.append(state.sampler._relay.in_flight)
+            heard_token(row, token, pairs)
+
+        return heard_while_running
+
+    monkeypatch.setattr(LiveStream, "listener", recording)
+    body = {"model": MODEL_ID, "prompt": [5, 17, 42], "max_tokens": 10, "seed": 2}
+    auth = {"Authorization": f"Bearer {headers['X-API-Key']}"}
+    whole = http.post("/v1/completions", json=body, headers=auth)
+    assert whole.status_code == 200, whole.text
+    streamed = http.post("/v1/completions", json={**body, "stream": True}, headers=auth)
+    assert streamed.status_code == 200, streamed.text
+    events = [line[6:] for line in streamed.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
+    assert text == whole.json()["choices"][0]["text"]
+    assert len(heard) == whole.json()["usage"]["completion_tokens"] > 1
+    assert heard[0]  # the first token reached the stream before the remote call returned

@@ -76,6 +76,7 @@ class SamplerService:
         self._current_template: tuple[str, dict[str, Any]] | None = None
         self._vocab_size: int | None = None
         self._seed_streams: dict[str, random.Random] = {}  # key id -> its unseeded calls' seeds
+        self._relay: Any = None  # mode ray: the TokenRelay of streamed samples, once needed
 
     def set_template(self, principal: Principal, body: dict[str, Any]) -> None:
         """Record the caller's template; it is applied before each of the caller's samples
@@ -167,8 +168,11 @@ class SamplerService:
     @property
     def streams_tokens(self) -> bool:
         """Whether ``sample_tokens``'s ``on_token`` hears tokens as they are drawn (a sampler
-        in this process that streams; else the work simply returns the whole sample)."""
-        return self.config.mode != "ray" and bool(getattr(self.sampler, "streams_tokens", False))
+        that streams, in this process or on a Ray group through ``token_relay``; else the
+        work simply returns the whole sample)."""
+        if self.config.mode == "ray":  # TorchSampler streams: its tokens come relayed
+            return self.config.sampler.kind == "torch"
+        return bool(getattr(self.sampler, "streams_tokens", False))
 
     def sample_tokens(
         self,
@@ -201,8 +205,17 @@ class SamplerService:
         adapter = self._adapter(folder) if folder is not None else BASE_MODEL
         if on_token is None or not self.streams_tokens:
             return self.sampler.sample(batch, params, adapter_name=adapter, num_samples=num_samples)
-        request = SampleRequest(batch, params, adapter, num_samples, on_token)
-        outcome = self.sampler.sample_many([request])[0]
+        if self.config.mode == "ray":
+            if self._relay is None:
+                from twinkle.server.token_relay import TokenRelay
+
+                self._relay = TokenRelay()
+            request = SampleRequest(batch, params, adapter, num_samples, self._relay.listener(0))
+            relay = self._relay.relay
+            outcome = relay({0: on_token}, lambda: self.sampler.sample_many([request])[0])
+        else:
+            request = SampleRequest(batch, params, adapter, num_samples, on_token)
+            outcome = self.sampler.sample_many([request])[0]
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
