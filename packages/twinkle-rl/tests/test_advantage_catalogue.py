@@ -83,8 +83,14 @@ def test_gae_bad_inputs(call, message):
 def test_reverse_kl_advantage():
     student = [[-1.0, -2.0], [-0.5]]
     teacher = [[-1.5, -1.0], [-0.5]]
-    got = ReverseKLAdvantage(kl_coef=2.0)(student, teacher)
+    got = ReverseKLAdvantage(kl_coef=2.0, center=False)(student, teacher)
     torch.testing.assert_close(got, torch.tensor([[-1.0, 2.0], [0.0, 0.0]]))
+    # Centred (the default): minus the mean over the three completion tokens, 1/3.
+    centred = ReverseKLAdvantage(kl_coef=2.0)(student, teacher)
+    third = 1.0 / 3.0
+    torch.testing.assert_close(centred, torch.tensor([[-1.0 - third, 2.0 - third], [-third, 0.0]]))
+    with pytest.raises(TypeError, match="center must be True or False"):
+        ReverseKLAdvantage(center="yes")
     with pytest.raises(ValueError, match=r"teacher_logps\[0\]\[0\] is inf"):
         ReverseKLAdvantage()([[-1.0]], [[float("inf")]])
 

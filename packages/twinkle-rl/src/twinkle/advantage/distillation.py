@@ -16,7 +16,13 @@ class ReverseKLAdvantage(Advantage):
 
         A_t = -kl_coef * (student_logp_t - teacher_logp_t)
 
-    so tokens the teacher finds likelier than the student are pushed up. Train with a
+    so tokens the teacher finds likelier than the student are pushed up. ``center=True``
+    (the default) subtracts the batch's mean over its completion tokens, a baseline: the
+    gradient's expectation is unchanged, but without it every advantage is negative (the
+    reverse KL is positive on average) and the policy gradient pushes down whatever the
+    student samples, which spread the student and raised its KL to the teacher in the
+    distillation recipe (``cookbook/rl/distil_arithmetic.py``); ``center=False`` returns
+    the raw estimate, whose mean is minus the sampled KL. Train with a
     policy loss on these per-token advantages (``GRPOLoss`` or ``PPOLoss`` with the
     student's sampling logps as ``old_logps``). Inputs are (B, T) aligned with labels with
     a ``masks`` of the completion tokens, or one list per completion (the sampler's
@@ -24,10 +30,12 @@ class ReverseKLAdvantage(Advantage):
     float32, 0 off the mask. The teacher is any model that scores the same tokens: another
     TransformersModel in this process or on its own Ray device group."""
 
-    def __init__(self, kl_coef: float = 1.0) -> None:
+    def __init__(self, kl_coef: float = 1.0, center: bool = True) -> None:
         if not 0 < kl_coef < float("inf"):
             raise ValueError(f"ReverseKLAdvantage: kl_coef must be positive, got {kl_coef}")
-        self.kl_coef = kl_coef
+        if not isinstance(center, bool):
+            raise TypeError(f"ReverseKLAdvantage: center must be True or False, got {center!r}")
+        self.kl_coef, self.center = kl_coef, center
 
     def __call__(
         self, student_logps: Any, teacher_logps: Any, *, masks: Any = None
@@ -35,5 +43,7 @@ class ReverseKLAdvantage(Advantage):
         grids, mask = token_grid(
             {"student_logps": student_logps, "teacher_logps": teacher_logps}, masks
         )
-        gap = grids["student_logps"] - grids["teacher_logps"]
-        return torch.where(mask, -self.kl_coef * gap, 0).float()
+        advantages = -self.kl_coef * (grids["student_logps"] - grids["teacher_logps"])
+        if self.center:
+            advantages = advantages - advantages[mask].mean()
+        return torch.where(mask, advantages, 0).float()
