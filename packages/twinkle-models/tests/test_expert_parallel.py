@@ -71,15 +71,16 @@ def check_model_case(ranks: list[dict], case: str) -> None:
     for rank in ranks:
         got = rank[case]
         # Step 1 starts from the same weights. After an AdamW step the weights differ by
-        # float32 noise that Adam scales up to step size (parameters: 1e-4 below), so later
-        # losses and gradient norms agree to 1e-5 (measured 1.6e-6).
+        # float32 noise that Adam scales up toward its step size on weights whose gradients
+        # are near zero (parameters: 5e-4 below, 5% of one step at lr 1e-2; measured up to
+        # 1.3e-4), so later losses and gradient norms agree to 1e-5 (measured 1.6e-6).
         for name, first_rel in (("losses", 1e-6), ("grad_norms", 1e-5)):
             (first, *later), (first_ref, *later_ref) = got[f"{name}_ep"], got[f"{name}_ref"]
             assert first == pytest.approx(first_ref, rel=first_rel), name
             assert later == pytest.approx(later_ref, rel=1e-5), name
     # Rank 0 compares every weight, the experts gathered whole from the EP ranks.
     assert ranks[0][case]["weights_compared"] == ranks[0][case]["weights_expected"] > 20
-    assert ranks[0][case]["max_param_diff"] < 1e-4
+    assert ranks[0][case]["max_param_diff"] < 5e-4
 
 
 @pytest.mark.parametrize(

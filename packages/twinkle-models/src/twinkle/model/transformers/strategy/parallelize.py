@@ -205,9 +205,9 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
     ]
     if extra:
         raise ValueError(
-            f"TransformersModel parallelises over dp, fsdp and tp (with ulysses_size and "
+            f"TransformersModel parallelises over dp, fsdp, cp and tp (with ulysses_size and "
             f"ep_size carved from dp × fsdp); this mesh also has {', '.join(extra)}: pipeline "
-            "and context parallel need MegatronModel"
+            "parallel needs MegatronModel"
         )
     if device_mesh.size("etp") > 1:
         raise ValueError(
