@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, folder: str) -> dict[str, object]:
     gae = GAEAdvantage(gamma=1.0, gae_lambda=0.95)
     metrics = CompletionRewardMetric()
     sampling_params = SamplingParams(max_tokens=args.max_new_tokens, temperature=1.0)
-    curve = []
+    curve, explained = [], []
     for step in range(args.ppo_steps):
         prompts = [task.prompt(*rng.choice(train)) for _ in range(args.prompts_per_step)]
         responses = sampler.sample(prompts, sampling_params, num_samples=1)
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, folder: str) -> dict[str, object]:
         log.update(critic.calculate_metric(is_training=True))
         metrics.reset()
         curve.append(round(log["reward/total/mean"], 3))
-        explained = log.get("value/explained_variance", float("nan"))
+        explained.append(round(log.get("value/explained_variance", float("nan")), 3))
         if step % 10 == 0 or step == args.ppo_steps - 1:
             shown = {
                 k: round(v, 3)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, folder: str) -> dict[str, object]:
         "before": before,
         "after": after,
         "train_reward": curve,
-        "explained_variance": explained,  # the critic's, on the last step's rollout
+        "explained_variance": explained,  # the critic's, per step, on each step's rollout
     }
 
 

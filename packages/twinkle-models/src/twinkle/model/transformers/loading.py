@@ -37,7 +37,11 @@ def load_causal_lm(
     folder = resolve_model(str(model_id)) if model_id is not None else None
     auto = model_cls or AutoModelForCausalLM
     if folder is not None and has_weights(folder):
-        return auto.from_pretrained(folder, **from_pretrained_kwargs), folder
+        # Weights the checkpoint lacks (a value or classification head) start from the seed,
+        # not from whatever the process's global generator holds by then.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return auto.from_pretrained(folder, **from_pretrained_kwargs), folder
     if config is None:
         if not (folder / "config.json").is_file():
             adapter = (folder / "adapter_config.json").is_file()
