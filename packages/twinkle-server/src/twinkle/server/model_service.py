@@ -222,17 +222,52 @@ class ModelService:
         is a 503 saying when a slot frees (a client retries it); a key at its quota in a pool
         with room is a 403 (not retried: only the key itself can free one of its slots)."""
         with self._placement(run_id) as replica:
-            return self._take_slot(
-                principal,
-                session_id,
-                run_id,
-                display_name,
-                lora,
-                gradient_accumulation_steps,
-                user_metadata,
-                seed,
-                replica,
+            if self.free_slots() <= 0 or self.free_slots_on(replica) <= 0:
+                holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
+                where = (
+                    f"all {self.max_loras} LoRA slots are"
+                    if self.free_slots() <= 0
+                    else f"the {self.config.model.max_loras} LoRA slots of copy {replica} (this "
+                    "run's) are all"
+                )
+                raise CapacityFull(f"{where} in use; " + self.when_a_slot_frees(holders))
+            quota, held = self.per_key_quota(), self.slots_held(principal.key_id)
+            if held >= quota:
+                raise Forbidden(
+                    f"this key holds {held} LoRA slots and its quota (limits.max_loras_per_key) is "
+                    f"{quota}: remove one of its adapters (remove_adapter) or end a session"
+                )
+            adapter = "t" + secrets.token_hex(8)
+            self.model.place(adapter, replica)
+            try:
+                if seed is None:
+                    self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
+                else:
+                    self.model.add_seeded_adapter(
+                        adapter, lora, gradient_accumulation_steps, seed=seed
+                    )
+            except LoraPoolFullError as exc:
+                raise CapacityFull(str(exc)) from None
+            now = time.time()
+            run = TrainingRun(
+                id=run_id,
+                owner=principal.key_id,
+                session_id=session_id,
+                base_model=self.base_model,
+                lora_rank=int(lora.r),
+                lora_config=lora_summary(lora),
+                adapter_name=display_name,
+                created_at=now,
+                last_request_time=now,
+                user_metadata=user_metadata,
             )
+            try:
+                self.store.add_run(run)
+            except Exception:
+                self.model.remove_adapter(adapter)
+                raise
+            self.live[run_id] = LiveRun(run, adapter)
+            return run
 
     @contextlib.contextmanager
     def _placement(self, run_id: str) -> Iterator[int]:
@@ -244,63 +279,6 @@ class ModelService:
             if run_id not in self.live:
                 self.worker.forget(run_id)
             raise
-
-    def _take_slot(
-        self,
-        principal: Principal,
-        session_id: str,
-        run_id: str,
-        display_name: str,
-        lora: LoraConfig,
-        gradient_accumulation_steps: int,
-        user_metadata: dict[str, Any],
-        seed: int | None,
-        replica: int,
-    ) -> TrainingRun:
-        if self.free_slots() <= 0 or self.free_slots_on(replica) <= 0:
-            holders = [(live.run.owner, live.run.session_id) for live in self.live.values()]
-            where = (
-                f"all {self.max_loras} LoRA slots are"
-                if self.free_slots() <= 0
-                else f"the {self.config.model.max_loras} LoRA slots of copy {replica} (this "
-                "run's) are all"
-            )
-            raise CapacityFull(f"{where} in use; " + self.when_a_slot_frees(holders))
-        quota, held = self.per_key_quota(), self.slots_held(principal.key_id)
-        if held >= quota:
-            raise Forbidden(
-                f"this key holds {held} LoRA slots and its quota (limits.max_loras_per_key) is "
-                f"{quota}: remove one of its adapters (remove_adapter) or end a session"
-            )
-        adapter = "t" + secrets.token_hex(8)
-        self.model.place(adapter, replica)
-        try:
-            if seed is None:
-                self.model.add_adapter_to_model(adapter, lora, gradient_accumulation_steps)
-            else:
-                self.model.add_seeded_adapter(adapter, lora, gradient_accumulation_steps, seed=seed)
-        except LoraPoolFullError as exc:
-            raise CapacityFull(str(exc)) from None
-        now = time.time()
-        run = TrainingRun(
-            id=run_id,
-            owner=principal.key_id,
-            session_id=session_id,
-            base_model=self.base_model,
-            lora_rank=int(lora.r),
-            lora_config=lora_summary(lora),
-            adapter_name=display_name,
-            created_at=now,
-            last_request_time=now,
-            user_metadata=user_metadata,
-        )
-        try:
-            self.store.add_run(run)
-        except Exception:
-            self.model.remove_adapter(adapter)
-            raise
-        self.live[run_id] = LiveRun(run, adapter)
-        return run
 
     def release(self, run_id: str) -> None:
         """Runs on the worker: free the run's slot (saving nothing)."""
