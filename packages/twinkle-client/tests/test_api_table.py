@@ -68,6 +68,7 @@ def test_made_methods_show_the_local_signature_and_docstring():
         "adapter_name",
         "micro_batch_size",
         "task",
+        "routing_replay",
         "loss_kwargs",
     ]
     assert sig.parameters["task"].default == "causal_lm"
