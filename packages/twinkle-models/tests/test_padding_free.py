@@ -4,8 +4,15 @@ AdamW steps, the parameters of the same sequences padded, for a tiny Qwen3 (full
 attention) and a tiny Qwen3.5 (GatedDeltaNet linear attention mixed with full attention),
 the latter also with LoRA and gradient checkpointing.
 
-Tolerances, float32: losses 1e-5 relative; gradients 1e-5 absolute and relative;
-parameters after 3 steps 1e-5 absolute. Unpatched, the Qwen3.5 packed loss differs.
+Tolerances, float32: losses 1e-5 relative; gradients 1e-5 absolute and relative (measured:
+at most 0.18 of that bound). Parameters after 3 AdamW steps at lr 1e-3: every weight within
+1e-4 (a tenth of one step) and all but 0.1% within 1e-6. Adam divides each gradient by its
+own size, so float32 noise on the smallest gradients (Qwen3.5's decay parameters, |g| ~1e-6
+against a median 1.7e-2) moves those few weights by up to ~1% of lr x steps: measured 7.4e-6
+at most here, 3.3e-5 reported from a tree whose changes reordered sums; 1e-6 for 99.996% of
+the weights. A wrong gradient moves most weights, by up to lr a step: one label dropped from
+one step's batch moved 52% of them beyond 1e-6, the largest by 2.8e-3.
+Unpatched, the Qwen3.5 packed loss differs.
 """
 
 import re
@@ -29,7 +36,8 @@ MODEL_ID = "bundled://tiny-qwen3"
 STEPS = 3
 LOSS_TOL = {"atol": 0.0, "rtol": 1e-5}
 GRAD_TOL = {"atol": 1e-5, "rtol": 1e-5}
-PARAM_TOL = {"atol": 1e-5, "rtol": 0.0}
+PARAM_TOL = {"atol": 1e-4, "rtol": 0.0}
+BULK_TOL, BULK_SHARE = 1e-6, 1e-3  # all but BULK_SHARE of the weights within BULK_TOL
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -136,6 +144,8 @@ def test_packed_training_equals_padded_training(family, packed_batches):
         torch.testing.assert_close(packed_grads[name], grad, **GRAD_TOL, msg=name)
     for name, param in padded_params.items():
         torch.testing.assert_close(packed_params[name], param, **PARAM_TOL, msg=name)
+    diffs = torch.cat([(packed_params[n] - p).abs().flatten() for n, p in padded_params.items()])
+    assert float((diffs > BULK_TOL).double().mean()) < BULK_SHARE, diffs.topk(10).values
     patched = getattr(model._hf_model(), "_twinkle_patches", frozenset())
     assert ("GatedDeltaNetPaddingFreePatch" in patched) == family.startswith("qwen3_5")
     assert packed_grads.keys() == padded_grads.keys() and packed_grads
