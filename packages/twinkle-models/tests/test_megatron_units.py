@@ -18,8 +18,9 @@ from transformers import AutoConfig
 
 from twinkle import DeviceMesh
 from twinkle.hub import resolve_model
+from twinkle.model.families.base import GPT_LAYER_WEIGHTS
 from twinkle.model.megatron.config import gpt_spec
-from twinkle.model.megatron.convert import LAYER_RULES, from_shards, hf_names_of, to_shard
+from twinkle.model.megatron.convert import from_shards, hf_names_of, to_shard
 from twinkle.model.megatron.layout import MegatronLayout
 from twinkle.model.megatron.lora import PROJECTIONS, LoraSettings
 from twinkle.model.megatron.optimizer import optimizer_name
@@ -118,6 +119,51 @@ def test_config_refuses_what_would_change_the_maths(qwen3):
         gpt_spec(other, tp=1)
 
 
+def _bundled(name: str):
+    return AutoConfig.from_pretrained(resolve_model(f"bundled://{name}"))
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3.5", "tiny-qwen3.5-moe"])
+def test_families_without_megatron_rules_are_refused_naming_the_converted_ones(name):
+    with pytest.raises(ValueError, match=r"converts the .*llama.*mistral.*phi3.*qwen3_moe"):
+        gpt_spec(_bundled(name), tp=1)
+
+
+def test_windows_and_rotary_shares_megatron_cannot_compute_are_refused():
+    mistral = _bundled("tiny-mistral")
+    assert gpt_spec(mistral, tp=2).rotary_percent == 1.0
+    windowed = mistral.__class__.from_dict({**mistral.to_dict(), "sliding_window": 4096})
+    with pytest.raises(ValueError, match="sliding-window attention .sliding_window=4096"):
+        gpt_spec(windowed, tp=1)
+    phi = _bundled("tiny-phi4")  # head_dim 16
+    partial = phi.__class__.from_dict(phi.to_dict())
+    partial.rope_parameters = {**phi.rope_parameters, "partial_rotary_factor": 0.75}
+    assert gpt_spec(partial, tp=1).rotary_percent == 0.75  # 12 of 16 dimensions
+    partial.rope_parameters = {**phi.rope_parameters, "partial_rotary_factor": 0.3}
+    with pytest.raises(ValueError, match="rotates 4.8 of the 16 dimensions"):
+        gpt_spec(partial, tp=1)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_projections_round_trip_and_split_as_the_separate_ones(tp):
+    spec = gpt_spec(_bundled("tiny-phi4"), tp)
+    assert spec.weights["self_attention.linear_qkv.weight"] == (
+        "qkv_fused",
+        ("self_attn.qkv_proj.weight",),
+    )
+    generator = torch.Generator().manual_seed(0)
+    d, h = spec.head_dim, spec.hidden_size
+    qkv = torch.randn((spec.num_heads + 2 * spec.num_kv_heads) * d, h, generator=generator)
+    gate_up = torch.randn(2 * spec.ffn_hidden_size, h, generator=generator)
+    q, k, v = qkv.split([spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d])
+    for kind, fused, parts in (("qkv", qkv, [q, k, v]), ("fc1", gate_up, gate_up.chunk(2))):
+        shards = [to_shard(f"{kind}_fused", [fused], spec, r, tp) for r in range(tp)]
+        assert all(  # the same shards as the separate Hugging Face tensors give
+            torch.equal(s, to_shard(kind, list(parts), spec, r, tp)) for r, s in enumerate(shards)
+        )
+        assert torch.equal(from_shards(f"{kind}_fused", shards, spec)[0], fused)
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_layout_round_trips_exactly(qwen3, tp, bias):
@@ -125,7 +171,7 @@ def test_every_layout_round_trips_exactly(qwen3, tp, bias):
     spec = gpt_spec(config, tp)
     generator = torch.Generator().manual_seed(0)
     layer_of = {0: 5}
-    for megatron_name in LAYER_RULES:
+    for megatron_name in GPT_LAYER_WEIGHTS:
         name = f"decoder.layers.0.{megatron_name}"
         if (
             (megatron_name.endswith("bias") and not bias)

@@ -127,7 +127,7 @@ def compare_training(model, reference, feats, mesh) -> dict:
     }
 
 
-def equivalence(case: str, feats: list, make_config=None) -> dict:
+def equivalence(case: str, feats: list, make_config=None, model_id: str = MODEL) -> dict:
     configs = {
         "vpp": four_layer_config,
         "ep2": lambda: moe_config(renormalise=True),
@@ -136,7 +136,7 @@ def equivalence(case: str, feats: list, make_config=None) -> dict:
     make_config = configs.get(case, make_config)
     config = make_config() if make_config is not None else None
     mesh = DeviceMesh.from_sizes(device_type="cpu", **SIZES[case])
-    model_id = None if config is not None else MODEL
+    model_id = None if config is not None else model_id
     model = MegatronModel(
         model_id,
         config=config,

@@ -34,16 +34,47 @@ class MoeLayout:
     shared_gate: str | None = None
 
 
+GPT_LAYER_WEIGHTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
+    "self_attention.linear_qkv.weight": (
+        "qkv",
+        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    ),
+    "self_attention.linear_qkv.bias": (
+        "qkv",
+        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    ),
+    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_norm.weight",)),
+    "self_attention.k_layernorm.weight": ("copy", ("self_attn.k_norm.weight",)),
+    "self_attention.linear_proj.weight": ("row", ("self_attn.o_proj.weight",)),
+    "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
+    "mlp.linear_fc1.weight": ("fc1", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
+    "mlp.router.weight": ("copy", ("mlp.gate.weight",)),
+}
+"""The weights of one layer of transformers' standard decoder (Llama, Qwen2/3, Mistral) as
+Megatron's GPTModel names them: Megatron name (after ``decoder.layers.<i>.``) -> (layout
+kind, Hugging Face names after ``model.layers.<L>.``). The layout kinds are those of
+``twinkle.model.megatron.convert`` (``copy``, ``row``, ``qkv``, ``fc1``, ``qkv_fused``,
+``fc1_fused``); a family with other names declares its own table."""
+
+
 @dataclass(frozen=True)
 class MegatronRules:
     """How MegatronModel converts a family: ``qk_norm`` (RMSNorm on queries and keys),
-    ``qkv_bias`` (the default when the config has no ``attention_bias``) and ``moe``
-    (reads the MoE settings from the config as megatron-core names them, or None for a
-    dense family)."""
+    ``qkv_bias`` (the default when the config has no ``attention_bias``), ``moe`` (reads
+    the MoE settings from the config as megatron-core names them, or None for a dense
+    family), ``weights`` (its layers' weight names, :data:`GPT_LAYER_WEIGHTS` by default)
+    and ``lora`` (None when MegatronModel's LoRA, which keeps peft's per-projection q/k/v/
+    o/gate/up/down form, fits the family; otherwise why it does not)."""
 
     qk_norm: bool = False
     qkv_bias: bool = False
     moe: Callable[[Any], dict[str, Any]] | None = None
+    weights: dict[str, tuple[str, tuple[str, ...]]] = field(
+        default_factory=lambda: GPT_LAYER_WEIGHTS
+    )
+    lora: str | None = None
 
 
 TP_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")

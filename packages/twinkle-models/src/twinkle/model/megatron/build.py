@@ -39,6 +39,7 @@ def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.
             share_embeddings_and_output_weights=spec.tie_embeddings,
             position_embedding_type="rope",
             rotary_base=spec.rope_theta,
+            rotary_percent=spec.rotary_percent,
             vp_stage=stage,
         )
         _mark_expert_parameters(chunk, config)

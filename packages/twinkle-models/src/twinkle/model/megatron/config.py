@@ -2,8 +2,9 @@
 
 Supported families: those whose family file (``twinkle.model.families``) declares
 MegatronRules: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts, no
-auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2 and
-Llama (optional q/k/v bias), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
+auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2,
+Llama, Mistral (optional q/k/v bias) and Phi-3 / Phi-4 (fused projections, partial
+rotary), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
 would silently change the maths (rope scaling, sliding windows, biases on other
 linears) is refused by name.
 
@@ -13,7 +14,7 @@ evenly); the padding rows never reach a loss: ``logps`` masks them out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,6 +50,12 @@ class GPTSpec:
     # Megatron's softmax over the top-k logits; without renormalisation, Megatron's
     # pre-softmax routing (softmax over all experts, then top-k) is the same maths.
     pre_softmax: bool = False
+    # The share of each head's dimensions RoPE rotates (the first ones; Phi-4-mini, GLM-4.5).
+    rotary_percent: float = 1.0
+    # The family's layer weight names (MegatronRules.weights).
+    weights: dict = field(default_factory=dict, compare=False, repr=False)
+    # Why MegatronModel's LoRA does not fit the family (MegatronRules.lora), or None.
+    lora_refused: str | None = None
 
     @property
     def heads_per_group(self) -> int:
@@ -69,6 +76,34 @@ def _rope_theta(hf_config: Any) -> float:
     return float(theta)
 
 
+def _rotary_percent(hf_config: Any, head_dim: int) -> float:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    factor = 1.0 if factor is None else float(factor)
+    rotated = head_dim * factor
+    if not 0 < factor <= 1 or rotated != int(rotated) or int(rotated) % 2:
+        raise ValueError(
+            f"partial_rotary_factor={factor} rotates {rotated} of the {head_dim} dimensions of "
+            "a head; MegatronModel needs an even whole number of them"
+        )
+    return factor
+
+
+def _refuse_sliding_windows(hf_config: Any) -> None:
+    layer_types = getattr(hf_config, "layer_types", None) or ()
+    windowed = "sliding_attention" in layer_types or (
+        not layer_types
+        and getattr(hf_config, "sliding_window", None) is not None
+        and getattr(hf_config, "use_sliding_window", True)
+    )
+    if windowed:
+        raise ValueError(
+            f"sliding-window attention (sliding_window={hf_config.sliding_window}) is not "
+            "supported by MegatronModel; set sliding_window=None in the config if the "
+            "sequences are never longer than the window, or use TransformersModel"
+        )
+
+
 def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
     """Read the HF config; refuse what the converted model would compute differently."""
     model_type = hf_config.model_type
@@ -79,8 +114,7 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
             f"MegatronModel converts the {known_families(lambda f: f.megatron is not None)} "
             f"families; {model_type!r} is not one of them (use TransformersModel)"
         )
-    if getattr(hf_config, "use_sliding_window", False):
-        raise ValueError("sliding-window attention is not supported by MegatronModel")
+    _refuse_sliding_windows(hf_config)
     if getattr(hf_config, "mlp_bias", False):
         raise ValueError("MLP biases are not supported by MegatronModel")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
@@ -89,13 +123,14 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
     vocab = hf_config.vocab_size
     moe = {} if rules.moe is None else rules.moe(hf_config)
     qkv_bias = bool(getattr(hf_config, "attention_bias", rules.qkv_bias))
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     return GPTSpec(
         model_type=model_type,
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
         num_heads=heads,
         num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+        head_dim=head_dim,
         ffn_hidden_size=hf_config.intermediate_size,
         vocab_size=vocab,
         padded_vocab_size=-(-vocab // tp) * tp,
@@ -105,6 +140,9 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
         rope_theta=_rope_theta(hf_config),
         norm_eps=hf_config.rms_norm_eps,
         max_positions=hf_config.max_position_embeddings,
+        rotary_percent=_rotary_percent(hf_config, head_dim),
+        weights=rules.weights,
+        lora_refused=rules.lora,
         **moe,
     )
 

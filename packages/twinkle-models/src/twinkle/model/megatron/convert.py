@@ -6,11 +6,16 @@ safetensors folder, only those tensors are read from disk). Export runs the
 other way: the tensor-parallel shards are gathered and split back into the
 Hugging Face tensors, bit for bit.
 
+Which Hugging Face tensors make which Megatron parameter is each family's
+``MegatronRules.weights`` (``twinkle.model.families``); this module knows the layouts.
+
 Layouts (per layer; G key/value groups, h query heads per group, d head dim):
 
 * ``linear_qkv`` stacks, for each group, its h query heads, then its key, then its
   value: (G·(h+2)·d, H); tensor parallel splits whole groups.
 * ``linear_fc1`` is [gate; up]; each tensor-parallel rank holds [gate_r; up_r].
+* ``qkv_fused`` and ``fc1_fused`` are the same two layouts read from one Hugging Face
+  tensor that stacks [q; k; v] or [gate; up] (Phi-3).
 * ``linear_proj`` and ``linear_fc2`` are row-parallel (split along the input dim).
 * embedding and output rows are padded to the padded vocabulary, then split.
 * norms are replicated.
@@ -31,26 +36,6 @@ import torch
 
 from twinkle.model.megatron.config import GPTSpec
 
-# Megatron name (after "decoder.layers.<i>.") -> (layout kind, Hugging Face names after
-# "model.layers.<L>.")
-LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
-    "self_attention.linear_qkv.weight": (
-        "qkv",
-        ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    ),
-    "self_attention.linear_qkv.bias": (
-        "qkv",
-        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-    ),
-    "self_attention.q_layernorm.weight": ("copy", ("self_attn.q_norm.weight",)),
-    "self_attention.k_layernorm.weight": ("copy", ("self_attn.k_norm.weight",)),
-    "self_attention.linear_proj.weight": ("row", ("self_attn.o_proj.weight",)),
-    "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
-    "mlp.linear_fc1.weight": ("fc1", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
-    "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
-    "mlp.router.weight": ("copy", ("mlp.gate.weight",)),
-}
 # Experts: Megatron's local expert j of expert-parallel rank r is global expert
 # r * (E / ep) + j; Hugging Face (transformers 5) fuses them into (E, 2I, H) and (E, H, I).
 EXPERT = re.compile(
@@ -76,9 +61,12 @@ def hf_names_of(name: str, layer_of: dict[int, int], spec: GPTSpec) -> tuple[str
     """
     if name.startswith("decoder.layers."):
         local, rest = name[len("decoder.layers.") :].split(".", 1)
-        if rest not in LAYER_RULES:
-            raise KeyError(f"no conversion rule for Megatron parameter {name!r}")
-        kind, names = LAYER_RULES[rest]
+        if rest not in spec.weights:
+            raise KeyError(
+                f"no conversion rule for Megatron parameter {name!r} in the {spec.model_type} "
+                "family's MegatronRules.weights"
+            )
+        kind, names = spec.weights[rest]
         prefix = f"model.layers.{layer_of[int(local)]}."
         return kind, tuple(prefix + n for n in names)
     if name not in GLOBAL_RULES:
@@ -89,8 +77,21 @@ def hf_names_of(name: str, layer_of: dict[int, int], spec: GPTSpec) -> tuple[str
     return kind, names
 
 
+def _unfused(kind: str, tensors: list[torch.Tensor], spec: GPTSpec | None):
+    """A fused Hugging Face tensor's parts: ``qkv_fused`` -> [q, k, v], ``fc1_fused`` ->
+    [gate, up]; other kinds unchanged."""
+    if kind == "qkv_fused":
+        d = spec.head_dim
+        sizes = [spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d]
+        return "qkv", list(tensors[0].split(sizes))
+    if kind == "fc1_fused":
+        return "fc1", list(tensors[0].chunk(2))
+    return kind, tensors
+
+
 def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec | None, rank: int, tp: int):
     """Tensor-parallel shard ``rank`` of ``tp`` of the Megatron parameter built from ``tensors``."""
+    kind, tensors = _unfused(kind, tensors, spec)
     if kind == "copy":
         return tensors[0]
     if kind == "row":
@@ -122,6 +123,8 @@ def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec | None, rank:
 
 def from_shards(kind: str, shards: list[torch.Tensor], spec: GPTSpec | None) -> list[torch.Tensor]:
     """The Hugging Face tensors of one Megatron parameter, from all its tensor-parallel shards."""
+    if kind in ("qkv_fused", "fc1_fused"):
+        return [torch.cat(from_shards(kind.removesuffix("_fused"), shards, spec))]
     if kind == "copy":
         return [shards[0]]
     if kind == "row":

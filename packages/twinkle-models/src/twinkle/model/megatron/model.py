@@ -142,6 +142,8 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
                 f"this MegatronModel already trains adapter {self.adapter_names[0]!r}; it holds "
                 "one adapter (use MultiLoraTransformersModel for several)"
             )
+        if self.spec.lora_refused:
+            raise ValueError(f"adapter {adapter_name!r}: {self.spec.lora_refused}")
         full = self._states[FULL_MODEL]
         if full.optimizer is not None:
             raise ValueError(
