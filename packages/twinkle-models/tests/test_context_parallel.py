@@ -89,9 +89,10 @@ def test_a_row_shorter_than_two_blocks_per_rank_is_refused(cp2):
     [
         ({"cp_size": 2, "tp_size": 2, "fsdp_size": 2}, "tp_size"),
         ({"cp_size": 2, "dp_size": 2, "ulysses_size": 2}, "ulysses_size"),
+        ({"cp_size": 2, "fsdp_size": 2, "ep_size": 2}, "ep_size"),
     ],
 )
-def test_cp_with_tp_or_ulysses_is_refused_at_setup(sizes, named):
+def test_cp_with_tp_ulysses_or_ep_is_refused_at_setup(sizes, named):
     with pytest.raises(
         ValueError, match=f"context parallel combines with dp and fsdp, not with {named}"
     ):
@@ -107,7 +108,7 @@ def test_cp_needs_torch_distributed():
     mesh = DeviceMesh.from_sizes(cp_size=2, device_type="cpu")
     strategy = ContextParallelStrategy(mesh)
     assert (strategy.size, strategy.active) == (2, True)
-    with pytest.raises(RuntimeError, match="needs torch.distributed: launch with torchrun"):
+    with pytest.raises(RuntimeError, match="context parallel needs torch.distributed: launch"):
         strategy.apply(AutoModelForCausalLM.from_config(config))
 
 

@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 from transformers import AttentionInterface
 
-from twinkle.mesh import DeviceMesh
 from twinkle.model.transformers.strategy.ring_attention import (
     RING_ATTENTION,
     RingLayout,
@@ -39,12 +38,10 @@ from twinkle.model.transformers.strategy.sequence_parallel import (
     SequenceParallelConfig,
     SequenceParallelStrategy,
     SequenceShard,
+    SequenceSplit,
+    _hf_model,
 )
 from twinkle.model.zigzag import sequence_chunks, sequence_order
-
-
-def _hf_model(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _bounds_segments(bounds: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -53,26 +50,22 @@ def _bounds_segments(bounds: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return torch.bucketize(tokens, bounds[1:], right=True).reshape(shape)
 
 
-class ContextParallel:
+class ContextParallel(SequenceSplit):
     """Ring attention over one group of ranks: registers it as the model's attention, then
     pads, splits (zigzag) and gathers each batch."""
 
     def __init__(
         self, model: nn.Module, group: dist.ProcessGroup, config: SequenceParallelConfig
     ) -> None:
-        hf = _hf_model(model)
-        self.config, self.group = config, group
-        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        text_config = hf.config.get_text_config()
-        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"}:
+        super().__init__(model, group, config)
+        others = [kind for kind in self.layer_types if kind != "full_attention"]
+        if others:
             raise NotImplementedError(
                 "ring attention runs models whose layers are all full attention; this one has "
-                f"{sorted(layer_types - {'full_attention'})} layers. Use Ulysses "
-                "(ulysses_size dividing the heads) for it"
+                f"{others} layers. Use Ulysses (ulysses_size dividing the heads) for it"
             )
         AttentionInterface.register(RING_ATTENTION, ring_attention)
-        hf.set_attn_implementation(RING_ATTENTION)
+        _hf_model(model).set_attn_implementation(RING_ATTENTION)
 
     def shard(
         self, batch: dict, embed_dtype: torch.dtype = torch.float32
@@ -108,14 +101,10 @@ class ContextParallelStrategy(SequenceParallelStrategy):
     mesh's ``cp`` groups, with ``ContextParallel`` as the core."""
 
     dim = "cp"
+    name = "context parallel"
 
-    def __init__(
-        self, device_mesh: DeviceMesh, config: SequenceParallelConfig | None = None
-    ) -> None:
-        self.config = config or SequenceParallelConfig()
-        self.device_mesh = device_mesh
-        self.size = device_mesh.size("cp")
-        self._core = None
+    def _check_config(self) -> None:
+        """Nothing to check: the cp size is the mesh's alone (``ulysses_size`` is Ulysses')."""
 
     def _build_core(self, model: nn.Module, group: dist.ProcessGroup) -> ContextParallel:
         return ContextParallel(model, group, self.config)

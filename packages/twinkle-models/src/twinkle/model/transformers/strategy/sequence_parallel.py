@@ -154,7 +154,7 @@ class SequenceShard:
 
     def __init__(
         self,
-        sp: SequenceParallel,
+        sp: SequenceSplit,
         batch_size: int,
         length: int,
         labels: torch.Tensor | None,
@@ -211,21 +211,34 @@ class SequenceShard:
         return full
 
 
-class SequenceParallel:
+class SequenceSplit:
+    """What Ulysses (``SequenceParallel``) and ring attention (``context_parallel.
+    ContextParallel``) set up alike: the group of ranks that splits each sequence (this rank
+    is ``rank`` of ``size``), the config, and the model's text config and attention layer
+    types (``layer_types``, sorted; a model without them is all full attention)."""
+
+    def __init__(
+        self, model: nn.Module, group: dist.ProcessGroup, config: SequenceParallelConfig
+    ) -> None:
+        self.config, self.group = config, group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.text_config = _hf_model(model).config.get_text_config()
+        types = getattr(self.text_config, "layer_types", None) or ["full_attention"]
+        self.layer_types = sorted(set(types))
+
+
+class SequenceParallel(SequenceSplit):
     """Ulysses SP over one group of ranks: patches the model's attention, then pads, splits
     and gathers each batch. Set up on a model by ``SequenceParallelStrategy.apply``."""
 
     def __init__(
         self, model: nn.Module, group: dist.ProcessGroup, config: SequenceParallelConfig
     ) -> None:
-        hf = _hf_model(model)
-        self.config, self.group = config, group
-        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        text_config = hf.config.get_text_config()
+        super().__init__(model, group, config)
+        hf, text_config = _hf_model(model), self.text_config
         _check_heads(text_config, self.size)
         inner = hf.config._attn_implementation
-        layer_types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
-        unknown = layer_types - set(MASK_FUNCTIONS)
+        unknown = set(self.layer_types) - set(MASK_FUNCTIONS)
         if unknown:
             raise NotImplementedError(
                 f"Ulysses sequence parallel does not know layer types {sorted(unknown)}; "
@@ -239,9 +252,8 @@ class SequenceParallel:
         # The masks are built for the inner attention (sdpa: boolean, eager: additive).
         self.mask_config = copy.copy(text_config)
         self.mask_config._attn_implementation = inner
-        self.layer_types = sorted(layer_types)
         hf.set_attn_implementation(register_ulysses_attention(inner, group))
-        if "linear_attention" in layer_types:
+        if "linear_attention" in self.layer_types:
             gather_linear_attention(hf, group)
 
     def _masks(self, embed_dtype, batch_size, length, attention_mask, position_ids):
@@ -304,14 +316,22 @@ class SequenceParallelStrategy:
     ) -> None:
         self.config = config or SequenceParallelConfig()
         self.device_mesh = device_mesh
-        self.size = device_mesh.size("ulysses")
+        self.size = device_mesh.size(self.dim)
+        self._check_config()
+        self._core: SequenceSplit | None = None
+
+    dim = "ulysses"
+    """The mesh dimension whose groups split a sequence."""
+    name = "Ulysses sequence parallel"
+
+    def _check_config(self) -> None:
+        """The config's ``ulysses_size``, where set, is the mesh's."""
         if self.config.ulysses_size is not None and self.config.ulysses_size != self.size:
             raise ValueError(
                 f"SequenceParallelConfig(ulysses_size={self.config.ulysses_size}) differs from "
-                f"the DeviceMesh's ulysses_size={device_mesh.ulysses_size}; set it on the mesh "
-                f"(DeviceMesh.from_sizes(ulysses_size=...)) and leave the config's as None"
+                f"the DeviceMesh's ulysses_size={self.device_mesh.ulysses_size}; set it on the "
+                f"mesh (DeviceMesh.from_sizes(ulysses_size=...)) and leave the config's as None"
             )
-        self._core: SequenceParallel | None = None
 
     @property
     def active(self) -> bool:
@@ -325,8 +345,8 @@ class SequenceParallelStrategy:
             return None
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
-                "Ulysses sequence parallel needs torch.distributed: launch with torchrun and "
-                "call twinkle.initialize() (or init_process_group) before building the model"
+                f"{self.name} needs torch.distributed: launch with torchrun and call "
+                "twinkle.initialize() (or init_process_group) before building the model"
             )
         if dist.get_world_size() != self.device_mesh.world_size:
             raise ValueError(
@@ -338,9 +358,6 @@ class SequenceParallelStrategy:
         # Kept on the model too, so its wrapper finds it whatever strategy wraps the model.
         setattr(_hf_model(model), SP_ATTRIBUTE, self)
         return self
-
-    dim = "ulysses"
-    """The mesh dimension whose groups split a sequence."""
 
     def _build_core(self, model: nn.Module, group: dist.ProcessGroup):
         """Ulysses on ``model`` over ``group``; where it cannot split the attention heads (they
@@ -360,7 +377,7 @@ class SequenceParallelStrategy:
                 f"this model: {exc}"
             ) from exc
 
-    def _applied(self) -> SequenceParallel:
+    def _applied(self) -> SequenceSplit:
         if self._core is None:
             raise RuntimeError("SequenceParallelStrategy.apply(model) has not run yet")
         return self._core
