@@ -1,6 +1,7 @@
-"""The documents' torchrun examples run under torchrun on two CPU processes, as FSDP2:
+"""The documents' torchrun examples run under torchrun on two CPU processes: as FSDP2,
 cookbook/torchrun/sft_fsdp.py writes one gathered peft checkpoint folder, and
-cookbook/transformers/fsdp2.py (the resume page's full example) saves and resumes."""
+cookbook/transformers/fsdp2.py (the resume page's full example) saves and resumes; the
+long-sequence example, cookbook/torchrun/cp.py, trains with ring attention over cp=2."""
 
 import json
 import re
@@ -65,3 +66,15 @@ def test_the_fsdp2_example_evaluates_saves_and_resumes_where_it_stopped(tmp_path
     losses = logged_losses(first.stderr)
     assert len(losses) == 6
     assert logged_losses(second.stderr) == losses[4:6]
+
+
+def test_the_cp_example_trains_on_packed_rows_and_counts_each_batch_once(tmp_path, torchrun):
+    script = COOKBOOK / "torchrun" / "cp.py"
+    done = torchrun(script, env={"TWINKLE_MAX_STEPS": "1"}, cwd=tmp_path)
+    metric = re.search(
+        r"step 0 of \d+, metric: \{'loss': ([0-9.]+).*'tokens': ([0-9.]+)", done.stderr
+    )
+    assert metric is not None, done.stderr[-3000:]
+    assert 7.0 < float(metric.group(1)) < 9.0
+    # Both cp ranks read the same 8 conversations, packed into one row: counted once.
+    assert float(metric.group(2)) == first_batch_tokens()
