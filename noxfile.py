@@ -204,9 +204,14 @@ def bench_model(session: nox.Session) -> None:
 
 @nox.session(name="bench-parallel", default=False)
 def bench_parallel(session: nox.Session) -> None:
-    """Padding-free against padded tokens/s; FSDP2 against DDP bytes on the wire per step."""
+    """Padding-free against padded tokens/s; FSDP2 against DDP bytes on the wire per step;
+    ring attention's bytes per step at cp2 and cp4 against theory."""
     _run_benchmarks(
-        session, "twinkle-models", "bench_parallel_packing.py", "bench_parallel_comm.py"
+        session,
+        "twinkle-models",
+        "bench_parallel_packing.py",
+        "bench_parallel_comm.py",
+        "bench_parallel_cp.py",
     )
 
 

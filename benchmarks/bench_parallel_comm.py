@@ -29,9 +29,7 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -42,6 +40,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 from provenance import commit  # noqa: E402
+from torchrun_launch import table_rows  # noqa: E402
 
 CONFIG = dict(
     vocab_size=32000,
@@ -171,27 +170,7 @@ def child(strategy: str, steps: int) -> None:
 
 
 def launch(strategy: str, steps: int, ranks: int) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={ranks}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={port}",
-        __file__,
-        "--child",
-        strategy,
-        "--steps",
-        str(steps),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
-    return next(line for line in done.stdout.splitlines() if line.startswith("|"))
+    return table_rows(__file__, ranks, "--child", strategy, "--steps", str(steps))[0]
 
 
 def main() -> None:
