@@ -35,6 +35,10 @@ from twinkle.kernel.rotary_embedding import rotary_embedding, torch_rotary_embed
 from twinkle.kernel.swiglu import swiglu, torch_swiglu
 from twinkle.kernel.varlen import cu_seqlens_from_position_ids, is_packed
 from twinkle.kernel.varlen_attention import torch_varlen_attention, varlen_attention
+from twinkle.kernel.varlen_attention_lse import (
+    torch_varlen_attention_lse,
+    torch_varlen_attention_lse_backward,
+)
 
 __all__ = [
     "FastPath",
@@ -63,5 +67,7 @@ __all__ = [
     "torch_rotary_embedding",
     "torch_swiglu",
     "torch_varlen_attention",
+    "torch_varlen_attention_lse",
+    "torch_varlen_attention_lse_backward",
     "varlen_attention",
 ]

@@ -17,8 +17,9 @@ sequences of a packed row (from the position_ids, as transformers reads them) or
 row, the real tokens (segment 0) and the padding (-1, never visible to a real token). This
 is the mask transformers builds for sdpa and eager attention, so outputs equal theirs.
 
-The blocks run in plain torch (float32 scores, any device): the CPU path and the reference.
-``flash_blocks`` (ring_attention_flash) runs them with flash-attention's kernels on a GPU.
+The blocks run in plain torch (``TorchBlocks``: float32 scores, any device), the CPU path
+and the reference, or, for half-precision tensors on a device with flash-attention's varlen
+kernels, through them (``ring_attention_flash.FlashBlocks``: flash-attn on CUDA).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from twinkle.model.transformers.strategy.ring_attention_flash import flash_blocks
 from twinkle.model.zigzag import sequence_chunks
 
 RING_ATTENTION = "twinkle_ring_attention"
@@ -46,6 +48,9 @@ class RingLayout:
     rank: int
     segments: torch.Tensor
     _positions: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    flash_blocks: dict = field(default_factory=dict, repr=False)
+    """(query rank, key rank) -> the block's varlen form (``ring_attention_flash``), built
+    once per forward on the first layer that asks."""
 
     @property
     def length(self) -> int:
@@ -127,6 +132,24 @@ def block_backward(dout, q, k, v, lse, delta, visible, scale: float):
     return dq, dk, dv
 
 
+class TorchBlocks:
+    """The blocks in plain torch from the layout's masks (``block_forward``/``_backward``);
+    a block no query sees is None."""
+
+    @staticmethod
+    def forward(layout: RingLayout, key_rank: int, q, k, v, scale: float, accumulate):
+        visible = layout.visible(layout.rank, key_rank)
+        return block_forward(q, k, v, visible, scale) if visible.any() else None
+
+    @staticmethod
+    def backward(layout: RingLayout, key_rank: int, dout, q, k, v, out, lse, scale: float):
+        visible = layout.visible(layout.rank, key_rank)
+        if not visible.any():
+            return None
+        delta = (dout * out).sum(-1)
+        return block_backward(dout, q, k, v, lse, delta, visible, scale)
+
+
 # ---- the ring ----------------------------------------------------------------------------------
 
 
@@ -165,39 +188,38 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, layout: RingLayout, scale: float):
         batch, heads, length, dim = q.shape
         grouped = q.view(batch, k.shape[1], heads // k.shape[1], length, dim)
-        ring = _Ring(layout)
+        ring, blocks = _Ring(layout), flash_blocks(q) or TorchBlocks()
         kv = torch.stack([k, v]).contiguous()
         out = grouped.new_zeros(grouped.shape, dtype=_accumulator(q.dtype))
         lse = out.new_full(grouped.shape[:-1], float("-inf"))
         for step in range(layout.size):
             arriving = ring.pass_on(kv) if step + 1 < layout.size else None
-            visible = layout.visible(layout.rank, (layout.rank - step) % layout.size)
-            if visible.any():
-                out, lse = merge(out, lse, *block_forward(grouped, kv[0], kv[1], visible, scale))
+            key_rank = (layout.rank - step) % layout.size
+            block = blocks.forward(layout, key_rank, grouped, kv[0], kv[1], scale, out.dtype)
+            if block is not None:
+                out, lse = merge(out, lse, *block)
             if arriving is not None:
                 kv = arriving()
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout, ctx.scale = layout, scale
+        ctx.layout, ctx.scale, ctx.blocks = layout, scale, blocks
         return out.view(q.shape).to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        layout, scale = ctx.layout, ctx.scale
+        layout, scale, blocks = ctx.layout, ctx.scale, ctx.blocks
         grouped = q.view(out.shape)
         dout = dout.reshape(out.shape).to(out.dtype)
-        delta = (dout * out).sum(-1)
         ring = _Ring(layout)
         kv = torch.stack([k, v]).contiguous()
         dq = torch.zeros_like(out)
         dkv = kv.new_zeros(kv.shape, dtype=out.dtype)
         for step in range(layout.size):
             arriving = ring.pass_on(kv) if step + 1 < layout.size else None
-            visible = layout.visible(layout.rank, (layout.rank - step) % layout.size)
-            if visible.any():
-                dq_b, dk_b, dv_b = block_backward(
-                    dout, grouped, kv[0], kv[1], lse, delta, visible, scale
-                )
+            key_rank = (layout.rank - step) % layout.size
+            grads = blocks.backward(layout, key_rank, dout, grouped, kv[0], kv[1], out, lse, scale)
+            if grads is not None:
+                dq_b, dk_b, dv_b = grads
                 dq += dq_b
                 dkv[0] += dk_b
                 dkv[1] += dv_b
