@@ -35,7 +35,8 @@ def test_the_dry_run_lists_every_check_and_builds_the_configs(load, capsys):
     validate = load("validate")
     assert validate.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
-    for check in ("kernels", "gated_delta", "vllm_lora", "weight_sync", "fsdp2", "sft_mfu"):
+    checks = ("kernels", "gated_delta", "vllm_lora", "weight_sync", "fsdp2", "sft_mfu")
+    for check in (*checks, "ring_flash"):
         assert f"check {check}:" in out
     assert "config qwen3-8b: 36 layers, hidden 4096" in out and "nothing ran on a GPU" in out
     assert sum(c.timeout_s for c in validate.CHECKS) <= 900  # about ten minutes on one GPU
@@ -52,6 +53,16 @@ def test_the_kernel_check_runs_on_cpu_at_toy_shapes(load, capsys, tmp_path):
     for op in (*ops, "varlen_attention", "grouped_matmul"):
         assert f"PASS {op} [torch]" in out
     assert "LOSS unfused" in out and "LOSS chunked" in out and report.exists()
+
+
+def test_the_ring_attention_check_runs_on_cpu_at_toy_shapes(load, capsys):
+    check = load("check_ring_attention_gpu")
+    assert check.main(["--device", "cpu", "--small", "--iters", "1"]) == 0
+    out = capsys.readouterr().out
+    for case in ("cp2 padded", "cp2 packed", "cp4 padded", "cp4 packed"):
+        assert f"PASS {case} [torch]" in out
+    if not torch.cuda.is_available():
+        assert check.main([]) == 2
 
 
 def test_a_fast_path_that_disagrees_fails_the_kernel_check_naming_op_and_shapes(
