@@ -90,3 +90,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.processes)
         if _is_slow(item):
             item.add_marker(pytest.mark.slow)
+
+
+FAKE_VLLM = ROOT / "packages" / "twinkle-rl" / "tests" / "fake_vllm"
+
+
+@pytest.fixture(scope="module")
+def fake_vllm():
+    """vLLM's interface without vLLM (``fake_vllm/vllm``, first on ``sys.path`` for the
+    module, its modules gone from ``sys.modules`` after): yields ``with_a_gpu(build, ...)``,
+    which calls ``build`` while torch reports a CUDA device, as vLLMSampler's check requires;
+    nothing else takes a CUDA path."""
+    import sys
+
+    import torch
+
+    def with_a_gpu(build, *args, **kwargs):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda: True)
+            return build(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(FAKE_VLLM))
+        yield with_a_gpu
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        del sys.modules[name]

@@ -7,8 +7,9 @@ tenant trains a step and saves sampler weights, then the official ``openai`` cli
 base model and that adapter for chat and text completions (``n=2``, logprobs, a stop
 string, a stream that must add up to the whole answer), the other tenant must get 404 for the
 adapter, and time to first token and tokens/s of a 64-token stream are printed. vLLMSampler
-returns whole completions, so its streams are sent once each completion is done (TTFT close
-to the whole completion's time; with TorchSampler tokens stream as drawn).
+runs its requests on the engine step by step (``RequestOutputKind.DELTA``), so a stream's
+first chunk must come well before its last: the check fails when the median time to the
+first token is over half the stream's time (chunks sent once the completion is done).
 
     python benchmarks/gpu/check_openai_vllm_gpu.py
 
@@ -130,11 +131,12 @@ def check(url: str, alice: str, bob: str, run: str, uri: str) -> None:
         pass
 
 
-def stream_figures(url: str, key: str, repeats: int) -> tuple[float, float]:
-    """Median time to the first token chunk (ms) and tokens/s of a 64-token stream."""
+def stream_figures(url: str, key: str, repeats: int) -> tuple[float, float, float]:
+    """Medians of the time to the first token chunk (ms), tokens/s and the whole stream's
+    time (ms) of a 64-token stream."""
     body = {"model": BASE, "prompt": list(range(10, 42)), "max_tokens": 64, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {key}"}
-    firsts, rates = [], []
+    firsts, rates, wholes = [], [], []
     for _ in range(repeats):
         start, first = time.perf_counter(), None
         with httpx.stream(
@@ -144,8 +146,9 @@ def stream_figures(url: str, key: str, repeats: int) -> tuple[float, float]:
                 if line.startswith("data: {") and first is None:
                     first = time.perf_counter() - start
         firsts.append(first * 1e3)
+        wholes.append((time.perf_counter() - start) * 1e3)
         rates.append(64 / (time.perf_counter() - start))
-    return statistics.median(firsts), statistics.median(rates)
+    return statistics.median(firsts), statistics.median(rates), statistics.median(wholes)
 
 
 def main() -> None:
@@ -160,14 +163,19 @@ def main() -> None:
         try:
             run, uri = train_and_save(url, alice)
             check(url, alice, bob, run, uri)
-            ttft, rate = stream_figures(url, alice, args.repeats)
+            ttft, rate, whole = stream_figures(url, alice, args.repeats)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
     print(
         f"OpenAI endpoint on {args.sampler}: models, chat, completions, streams, stop, isolation ok"
     )
-    print(f"64-token stream, medians of {args.repeats}: TTFT {ttft:.1f} ms, {rate:.0f} tokens/s")
+    print(
+        f"64-token stream, medians of {args.repeats}: TTFT {ttft:.1f} ms of {whole:.1f} ms, "
+        f"{rate:.0f} tokens/s"
+    )
+    if ttft > whole / 2:
+        sys.exit("the first chunk came after half the stream: tokens are not streamed as drawn")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@ peft's mixed-adapter batches, vLLMSampler as one engine call with a LoRA request
 (checked here with a recording engine; tests/gpu/check_vllm_sampler.py and
 benchmarks/gpu/bench_sampler_adapters_gpu.py run the real engine)."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -79,32 +77,28 @@ def test_a_refused_call_fails_alone(sampler):
     assert all(not isinstance(o, Exception) for o in (outcomes[0], outcomes[2]))
 
 
-class RecordingEngine:
-    """vLLM's LLM.generate by its signature: one RequestOutput-like object per prompt."""
+def test_vllm_calls_run_as_one_batch_with_a_lora_request_per_prompt(fake_vllm, tmp_path):
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-    def __init__(self) -> None:
-        self.calls = []
+    from twinkle.hub import resolve_model
 
-    def generate(self, prompts, params, lora_request=None, use_tqdm=True):
-        self.calls.append((prompts, params, lora_request))
-        return [SimpleNamespace(prompt=p["prompt_token_ids"]) for p in prompts]
-
-
-def test_vllm_calls_become_one_engine_call_with_a_lora_request_per_prompt():
-    engine = RecordingEngine()
+    engine = LLM(model=str(resolve_model("bundled://tiny-qwen3")))
+    seen = []  # the engine's requests when it first steps: every prompt's, at once
+    engine.llm_engine.on_step = lambda: seen or seen.extend(engine.llm_engine.requests.values())
+    lora_a, lora_b = (LoRARequest(n, i, str(tmp_path)) for i, n in enumerate("ab", 1))
+    kwargs = {"n": 1, "max_tokens": 2, "logprobs": 0}
     calls = [
-        ([[1, 2], [3]], {"seed": 1}, "lora-a"),
-        ([[4]], {"seed": 2}, None),
-        ([[5, 6, 7], [8], [9]], {"seed": 3}, "lora-b"),
+        ([[1, 2], [3]], {**kwargs, "seed": 1}, lora_a, None),
+        ([[4]], {**kwargs, "seed": 2}, None, None),
+        ([[5, 6, 7], [8], [9]], {**kwargs, "seed": 3}, lora_b, None),
     ]
-    per_call = generate_calls(engine, calls, dict)
-    assert len(engine.calls) == 1
-    prompts, params, loras = engine.calls[0]
-    assert [p["prompt_token_ids"] for p in prompts] == [[1, 2], [3], [4], [5, 6, 7], [8], [9]]
-    assert [p["seed"] for p in params] == [1, 1, 2, 3, 3, 3]
-    assert loras == ["lora-a", "lora-a", None, "lora-b", "lora-b", "lora-b"]
-    assert [[o.prompt for o in outputs] for outputs in per_call] == [
-        [[1, 2], [3]],
-        [[4]],
-        [[5, 6, 7], [8], [9]],
-    ]
+    per_call = generate_calls(
+        engine, calls, lambda kw: SamplingParams(**kw, output_kind=RequestOutputKind.DELTA)
+    )
+    assert [r.prompt for r in seen] == [[1, 2], [3], [4], [5, 6, 7], [8], [9]]
+    assert [r.params.seed for r in seen] == [1, 1, 2, 3, 3, 3]
+    assert [r.lora for r in seen] == [lora_a, lora_a, None, lora_b, lora_b, lora_b]
+    assert [len(outputs) for outputs in per_call] == [2, 1, 3]
+    assert all(len(o.outputs[0].token_ids) == 2 for outputs in per_call for o in outputs)

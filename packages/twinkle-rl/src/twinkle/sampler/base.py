@@ -113,6 +113,10 @@ class Sampler(ABC):
         """Forget cached prompt prefixes (needed after new weights); a no-op without a cache."""
 
     @abstractmethod
+    def vocab_size(self) -> int:
+        """Rows of the model's vocabulary: token ids at or above it are not the model's."""
+
+    @abstractmethod
     def weight_names(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """The base weights this sampler receives: name -> (shape, dtype)."""
 

@@ -130,6 +130,9 @@ class TorchSampler(Sampler):
         own = {i for i in extra if isinstance(i, int) and i != unknown}
         return super()._stop_token_ids(template) | own
 
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
     # ---- sampling -------------------------------------------------------------------------
 
     @remote_function(dispatch="all", collect="first")

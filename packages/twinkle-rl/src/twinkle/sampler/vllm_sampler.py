@@ -58,7 +58,10 @@ def check_vllm_available() -> None:
 
 @remote_class(execute="all")
 class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
-    """Samples with a vLLM ``LLM`` built from ``model_id`` and ``engine_args``."""
+    """Samples with a vLLM ``LLM`` built from ``model_id`` and ``engine_args``; its
+    requests run on the ``LLM``'s engine step by step, so tokens stream as they are drawn."""
+
+    streams_tokens = True
 
     def __init__(
         self,
@@ -84,10 +87,15 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
     def sample_many(
         self, requests: Sequence[SampleRequest]
     ) -> list[list[SampleResponse] | Exception]:
-        """Several ``sample`` calls, of any adapters and params, as one engine call
-        (``vllm_io.generate_calls``): each call's responses, or the exception that refused
-        it alone (an unknown adapter, bad params), in order."""
+        """Several ``sample`` calls, of any adapters and params, run together on the engine
+        (``vllm_io.generate_calls``), each request's ``on_token`` hearing its tokens as vLLM
+        draws them: each call's responses, or the exception that refused it alone (an unknown
+        adapter, bad params, a prompt the engine would not take), in order."""
         from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        def make_params(kwargs: Mapping[str, Any]) -> Any:
+            return VLLMSamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
 
         template = self._template()
         stops = sorted(self._stop_token_ids(template))
@@ -99,20 +107,33 @@ class vLLMSampler(Sampler):  # noqa: N801 - the documents' name
                 prompts = as_prompt_features(request.inputs, template)
                 ids = [prompt_token_ids(p) for p in prompts]
                 lora = self._lora_request(request.adapter_name)
-                calls.append((index, prompts, ids, params, lora))
+                calls.append((index, prompts, ids, params, lora, request.on_token))
             except Exception as exc:  # noqa: BLE001 - this call's refusal, handed back
                 outcomes[index] = exc
         per_call = generate_calls(
             self.engine,
-            [(ids, vllm_sampling_kwargs(params, stops), lora) for _, _, ids, params, lora in calls],
-            lambda kwargs: VLLMSamplingParams(**kwargs),
+            [
+                (ids, vllm_sampling_kwargs(params, stops), lora, on_token)
+                for _, _, ids, params, lora, on_token in calls
+            ],
+            make_params,
         )
-        for (index, prompts, ids, params, _), outputs in zip(calls, per_call, strict=True):
-            outcomes[index] = [
-                to_sample_response(output, prompt, prompt_ids, params)
-                for output, prompt, prompt_ids in zip(outputs, prompts, ids, strict=True)
-            ]
+        for (index, prompts, ids, params, *_), outputs in zip(calls, per_call, strict=True):
+            if isinstance(outputs, Exception):
+                outcomes[index] = outputs
+                continue
+            try:
+                outcomes[index] = [
+                    to_sample_response(output, prompt, prompt_ids, params)
+                    for output, prompt, prompt_ids in zip(outputs, prompts, ids, strict=True)
+                ]
+            except Exception as exc:  # noqa: BLE001 - this call's failure alone
+                outcomes[index] = exc
         return [outcomes[i] for i in range(len(requests))]
+
+    def vocab_size(self) -> int:
+        """Rows of the model's vocabulary (token ids at or above it are not the model's)."""
+        return int(self.engine.llm_engine.model_config.get_vocab_size())
 
     def _lora_request(self, adapter_name: str | None) -> Any:
         if adapter_name == BASE_MODEL:

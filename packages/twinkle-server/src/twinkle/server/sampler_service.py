@@ -49,7 +49,8 @@ def build_sampler(config: ServerConfig) -> Any:
     except ImportError as exc:
         logger.warning(f"sampler {config.sampler.kind!r} is not available ({exc}): sampling is off")
         return None
-    kwargs: dict[str, Any] = dict(config.sampler.engine_args)
+    # vLLMSampler hands engine_args to vLLM's engine; TorchSampler logs them as ignored.
+    kwargs: dict[str, Any] = {"engine_args": dict(config.sampler.engine_args)}
     if config.model.device is not None and config.sampler.kind == "torch":
         kwargs.setdefault("device", config.model.device)
     kwargs.setdefault("seed", config.model.seed)
@@ -162,7 +163,7 @@ class SamplerService:
         """Token ids at or above this are not the model's (checked before queueing); None
         when the sampler runs elsewhere (mode: ray) and the check is left to it."""
         if self._vocab_size is None and self.config.mode != "ray":
-            self._vocab_size = int(self.sampler.model.get_output_embeddings().weight.shape[0])
+            self._vocab_size = int(self.sampler.vocab_size())
         return self._vocab_size
 
     @property
@@ -170,8 +171,8 @@ class SamplerService:
         """Whether ``sample_tokens``'s ``on_token`` hears tokens as they are drawn (a sampler
         that streams, in this process or on a Ray group through ``token_relay``; else the
         work simply returns the whole sample)."""
-        if self.config.mode == "ray":  # TorchSampler streams: its tokens come relayed
-            return self.config.sampler.kind == "torch"
+        if self.config.mode == "ray":  # both samplers stream: their tokens come relayed
+            return True
         return bool(getattr(self.sampler, "streams_tokens", False))
 
     def sample_tokens(
