@@ -69,6 +69,14 @@ def test_metrics_count_routes_tokens_per_key_and_slots(tenants):
         alice_id
     )
     assert after[("twinkle_queue_depth", (("worker", "model"),))] == 0
+    one = (("replica", "0"),)  # one copy of the model: its figures are the totals
+    per_copy = {k: v for k, v in after.items() if k[0].startswith("twinkle_replica")}
+    assert per_copy == {
+        ("twinkle_replica_lora_slots", (*one, ("state", "used"))): used,
+        ("twinkle_replica_lora_slots", (*one, ("state", "free"))): free,
+        ("twinkle_replica_queue_depth", one): 0,
+        ("twinkle_replica_busy", one): 0,
+    }
     unmatched = (
         "twinkle_http_requests_total",
         (("method", "GET"), ("route", "unmatched"), ("status", "404")),

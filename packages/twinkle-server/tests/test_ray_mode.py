@@ -163,6 +163,28 @@ def _copy_of(state, run_id: str) -> int:
     return state.model.model.holder(state.model.live[run_id].adapter)
 
 
+def _copy_of_adapter(state, live) -> int:
+    return state.model.model.holder(live.adapter)
+
+
+def _replica_metrics(http) -> dict[tuple, float]:
+    """The per-copy gauges of /metrics: (name, replica[, state]) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = http.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    return {
+        (
+            s.name,
+            s.labels["replica"],
+            *([s.labels["state"]] if "state" in s.labels else []),
+        ): s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+        if s.name.startswith("twinkle_replica")
+    }
+
+
 def test_runs_on_different_copies_train_at_the_same_time(ray_server):
     """While one copy's worker is held, a run on the other copy trains and answers; the held
     copy's run answers once its worker is free, and both runs' losses fall."""
@@ -199,6 +221,17 @@ def test_runs_on_different_copies_train_at_the_same_time(ray_server):
             assert call(runs[1], "zero_grad").status_code == 200
         assert losses[-1] < losses[0]
         assert "answer" not in held and waiting.is_alive()
+        per_copy = _replica_metrics(http)  # copy 0 busy with its run's call waiting, 1 idle
+        assert per_copy[("twinkle_replica_busy", "0")] == 1
+        assert per_copy[("twinkle_replica_queue_depth", "0")] == 1
+        assert per_copy[("twinkle_replica_busy", "1")] == 0
+        assert per_copy[("twinkle_replica_queue_depth", "1")] == 0
+        for replica in ("0", "1"):
+            used = sum(
+                1 for r in state.model.live.values() if str(_copy_of_adapter(state, r)) == replica
+            )
+            assert per_copy[("twinkle_replica_lora_slots", replica, "used")] == used >= 1
+            assert per_copy[("twinkle_replica_lora_slots", replica, "free")] == 5 - used
     finally:
         gate.set()
     waiting.join(timeout=120)

@@ -170,6 +170,22 @@ class ModelService:
         held = sum(1 for live in self.live.values() if self.model.holder(live.adapter) == replica)
         return self.config.model.max_loras - held
 
+    def replica_use(self) -> list[dict[str, int]]:
+        """Per copy of the model (one without ``mode: ray`` copies): work waiting on its
+        worker, whether its worker runs work now, and its LoRA slots used and free."""
+        use = []
+        for replica, worker in enumerate(self.worker.workers):
+            free = self.free_slots_on(replica)
+            use.append(
+                {
+                    "queued": worker.pending(),
+                    "busy": 1 if worker.busy_lanes else 0,
+                    "used": self.config.model.max_loras - free,
+                    "free": free,
+                }
+            )
+        return use
+
     def slots_held(self, key_id: str) -> int:
         return sum(1 for live in self.live.values() if live.run.owner == key_id)
 

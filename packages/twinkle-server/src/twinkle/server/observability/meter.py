@@ -40,7 +40,9 @@ def workers_of(state: ServerState) -> dict[str, Any]:
 
 
 class ServiceCollector:
-    """Gauges read at scrape time: queued work per worker, whether it is busy, LoRA slots."""
+    """Gauges read at scrape time: queued work per worker, whether it is busy, LoRA slots;
+    the same per copy of the model (``twinkle_replica_*``, ``replica`` "0" to copies - 1;
+    the ``worker="model"`` figures are their sums)."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
@@ -57,6 +59,19 @@ class ServiceCollector:
             busy.add_metric([name], 1 if worker.busy_lanes else 0)
         slots = GaugeMetricFamily("twinkle_lora_slots", "LoRA slots of the pool", labels=["state"])
         held = GaugeMetricFamily("twinkle_lora_slots_held", "LoRA slots per key", labels=["tenant"])
+        replica_queue = GaugeMetricFamily(
+            "twinkle_replica_queue_depth",
+            "Work waiting on one copy of the model",
+            labels=["replica"],
+        )
+        replica_busy = GaugeMetricFamily(
+            "twinkle_replica_busy", "1 while one copy of the model runs work", labels=["replica"]
+        )
+        replica_slots = GaugeMetricFamily(
+            "twinkle_replica_lora_slots",
+            "LoRA slots of one copy of the model",
+            labels=["replica", "state"],
+        )
         model = self.state.model
         if model is not None:
             free = model.free_slots()
@@ -65,7 +80,12 @@ class ServiceCollector:
             owners = collections.Counter(live.run.owner for live in list(model.live.values()))
             for owner, count in sorted(owners.items()):
                 held.add_metric([owner], count)
-        yield from (queue, busy, slots, held)
+            for replica, use in enumerate(model.replica_use()):
+                replica_queue.add_metric([str(replica)], use["queued"])
+                replica_busy.add_metric([str(replica)], use["busy"])
+                replica_slots.add_metric([str(replica), "used"], use["used"])
+                replica_slots.add_metric([str(replica), "free"], use["free"])
+        yield from (queue, busy, slots, held, replica_queue, replica_busy, replica_slots)
 
 
 class Meter:
