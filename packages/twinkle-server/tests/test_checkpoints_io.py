@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from peft import PeftModel
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
@@ -373,3 +375,152 @@ def test_a_push_to_the_offline_hubs_mirror_resolves_as_a_hub_id_peft_loads(
         response = alice.post(base, {"repo_id": repo_id})
         assert response.status_code == 400 and "org/name" in response.json()["error"]
     assert alice.post(base, {"repo_id": "a/b", "token": 5}).status_code == 400
+
+
+class FakeHub:
+    """A local stand-in of the hub's HTTP API, as ``huggingface_hub`` uses it to push: create
+    a repo, ask how each file uploads (``preupload``: all "regular", no LFS), then one commit
+    of NDJSON lines carrying the files base64-encoded. It keeps what it received and the
+    path and ``Authorization`` header of every call; ``refuse`` makes it answer 403."""
+
+    def __init__(self) -> None:
+        self.repos: dict[str, dict] = {}
+        self.files: dict[str, dict[str, bytes]] = {}
+        self.calls: list[tuple[str, str | None]] = []  # (path, Authorization)
+        self.refuse = False
+        self.url = ""
+        app = FastAPI()
+
+        @app.middleware("http")
+        async def record(request: Request, call_next):
+            self.calls.append((request.url.path, request.headers.get("authorization")))
+            if self.refuse:
+                return JSONResponse({"error": "You don't have the rights"}, status_code=403)
+            return await call_next(request)
+
+        @app.post("/api/repos/create")
+        async def create(request: Request):
+            body = await request.json()
+            repo_id = (
+                f"{body['organization']}/{body['name']}"
+                if body.get("organization")
+                else body["name"]
+            )
+            if repo_id in self.repos:
+                taken = {
+                    "error": "You already created this model repo",
+                    "url": f"{self.url}/{repo_id}",
+                }
+                return JSONResponse(taken, 409)
+            self.repos[repo_id] = body
+            return {"url": f"{self.url}/{repo_id}", "name": repo_id}
+
+        @app.post("/api/models/{org}/{name}/preupload/{revision}")
+        async def preupload(org: str, name: str, revision: str, request: Request):
+            files = (await request.json())["files"]
+            return {
+                "files": [
+                    {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                    for f in files
+                ]
+            }
+
+        @app.post("/api/models/{org}/{name}/commit/{revision}")
+        async def commit(org: str, name: str, revision: str, request: Request):
+            import base64
+            import hashlib
+
+            repo_id = f"{org}/{name}"
+            if repo_id not in self.repos:
+                return JSONResponse({"error": "Repository not found"}, 404)
+            received = {}
+            for line in (await request.body()).decode().splitlines():
+                item = json.loads(line)
+                if item["key"] == "file":
+                    received[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+            self.files[repo_id] = received
+            oid = hashlib.sha1(b"".join(received[k] for k in sorted(received))).hexdigest()
+            return {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid}
+
+        self.app = app
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """The fake hub on a free local port (a uvicorn server on a thread), where
+    ``huggingface_hub`` sends the push: its endpoint, as ``HF_ENDPOINT`` sets it."""
+    import socket
+    import threading
+
+    import uvicorn
+    from huggingface_hub import constants
+
+    hub = FakeHub()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hub.url = f"http://127.0.0.1:{port}"
+    server = uvicorn.Server(uvicorn.Config(hub.app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TWINKLE_HUB_OFFLINE", raising=False)
+    yield hub
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_an_online_push_sends_the_peft_files_to_the_hub_with_the_callers_token(
+    tenants, saved, fake_hub
+):
+    state, alice, bob = tenants
+    run, _ = saved
+    base = f"/training_runs/{run}/checkpoints/weights/c1/push"
+    token = "hf_secret_token_of_alice"
+    pushed = alice.post(base, {"repo_id": "alice/tiny-lora", "token": token, "private": True})
+    assert pushed.status_code == 200, pushed.text
+    answer = pushed.json()
+    assert answer["hub"] == "hf" and answer["repo_id"] == "alice/tiny-lora"
+    assert fake_hub.files["alice/tiny-lora"] == _peft_files(tenants, saved)
+    assert answer["url"].endswith(answer["revision"]) and len(answer["revision"]) == 40
+    assert fake_hub.repos["alice/tiny-lora"]["visibility"] == "private"
+    pushes = [(path, auth) for path, auth in fake_hub.calls if auth is not None]
+    assert pushes == [  # the client's own lookups carry no credentials
+        ("/api/repos/create", f"Bearer {token}"),
+        ("/api/models/alice/tiny-lora/preupload/main", f"Bearer {token}"),
+        ("/api/models/alice/tiny-lora/commit/main", f"Bearer {token}"),
+    ]
+    again = alice.post(base, {"repo_id": "alice/tiny-lora", "token": token})
+    assert again.status_code == 200, again.text  # the repo exists already: pushed into it
+
+    fake_hub.refuse = True
+    refused = alice.post(base, {"repo_id": "alice/tiny-lora", "token": "hf_wrong"})
+    assert refused.status_code == 400, refused.text
+    assert "the hub refused the push to alice/tiny-lora" in refused.json()["error"]
+    assert "hf_wrong" not in refused.text
+    assert bob.post(base, {"repo_id": "bob/x", "token": token}).status_code == 404
+
+
+def test_an_online_push_to_a_hub_that_cannot_be_reached_is_a_503(tenants, saved, monkeypatch):
+    from huggingface_hub import constants
+
+    _, alice, _ = tenants
+    run, _ = saved
+    monkeypatch.setattr(constants, "ENDPOINT", _closed_port_url())
+    base = f"/training_runs/{run}/checkpoints/weights/c1/push"
+    answer = alice.post(base, {"repo_id": "alice/tiny-lora", "token": "hf_x"})
+    assert answer.status_code == 503, answer.text
+    assert "the hub cannot be reached to push alice/tiny-lora" in answer.json()["error"]
+
+
+def _closed_port_url() -> str:
+    """A local URL nothing listens on (a port bound and released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"

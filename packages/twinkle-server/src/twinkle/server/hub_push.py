@@ -1,10 +1,11 @@
 """Pushing a checkpoint's peft folder to a Hugging Face hub repo, from the server.
 
-Online, the files go up with ``huggingface_hub`` (``create_repo`` then ``upload_folder``),
-authenticated by the token the request carries, used for that push only and never stored
-or logged. When the server's hub is offline (``HF_HUB_OFFLINE``, ``TWINKLE_HUB_OFFLINE``:
-an air-gapped site), the push goes to the local mirror every process of the site reads,
-the hub cache (``HF_HUB_CACHE``), in the hub's own layout
+Online, the files go up with ``huggingface_hub`` (``create_repo`` then ``upload_folder``) to
+its endpoint (``HF_ENDPOINT``), authenticated by the token the request carries, used for that
+push only and never stored or logged; the hub refusing is a 400, a hub that cannot be reached
+(or answers what the client cannot read) a 503. When the server's hub is offline
+(``HF_HUB_OFFLINE``, ``TWINKLE_HUB_OFFLINE``: an air-gapped site), the push goes to the local
+mirror every process of the site reads, the hub cache (``HF_HUB_CACHE``), in the hub's own layout
 (``models--<org>--<name>/snapshots/<commit>/`` and ``refs/main``), so ``hf://<org>/<name>``
 resolves to the pushed adapter offline, on the server and beside it.
 """
@@ -22,6 +23,9 @@ from typing import Any
 from twinkle.hub import hub_offline
 from twinkle.hub.remote import cache_dir
 from twinkle.server.errors import BadRequest, Unavailable
+from twinkle.utils import get_logger
+
+logger = get_logger()
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -55,8 +59,12 @@ def push(folder: Path, repo_id: str, token: str | None, private: bool) -> dict[s
         )
     except HfHubHTTPError as exc:
         raise BadRequest(f"the hub refused the push to {repo_id}: {exc}") from None
-    except OSError as exc:
-        raise Unavailable(f"the hub cannot be reached to push {repo_id}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the hub's transport (httpx2 in hf-hub 2.x) or answer
+        logger.warning(f"push to {repo_id} failed: {type(exc).__name__}: {exc}")
+        raise Unavailable(
+            f"the hub cannot be reached to push {repo_id} ({type(exc).__name__}: {exc}); check "
+            "the server's hub endpoint (HF_ENDPOINT) and try again"
+        ) from None
     return {"repo_id": repo_id, "revision": commit.oid, "hub": "hf", "url": commit.commit_url}
 
 
