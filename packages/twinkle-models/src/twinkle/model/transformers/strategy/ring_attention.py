@@ -9,7 +9,9 @@ step's partial output is merged into the running one by their log-sum-exps (what
 the union of the blocks gives, without ever holding the whole sequence's keys). The backward
 runs the same ring: the key/value blocks go round once more, and each block's gradient
 accumulator travels with it, every rank adding its share, until it arrives home one step
-after the last (``size - 1`` block sends and ``size`` gradient sends per layer).
+after the last (``size - 1`` block sends and ``size`` gradient sends per layer). Both
+streams travel while a rank computes: an accumulator is waited for only when the gradients
+of its block are there to add.
 
 The mask is computed per block from where the tokens sit (``RingLayout``): causal by index in
 the row, and a key is visible only to queries of its own segment, the segments being the
@@ -214,19 +216,25 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v]).contiguous()
         dq = torch.zeros_like(out)
         dkv = kv.new_zeros(kv.shape, dtype=out.dtype)
+        # The gradient accumulator of the block held, travelling towards this rank while the
+        # block's own gradients are computed (None at step 0: this rank's block, from zero).
+        accumulator = None
         for step in range(layout.size):
             arriving = ring.pass_on(kv) if step + 1 < layout.size else None
             key_rank = (layout.rank - step) % layout.size
             grads = blocks.backward(layout, key_rank, dout, grouped, kv[0], kv[1], out, lse, scale)
+            if accumulator is not None:
+                dkv = accumulator()
             if grads is not None:
                 dq_b, dk_b, dv_b = grads
                 dq += dq_b
                 dkv[0] += dk_b
                 dkv[1] += dv_b
             # The block's gradient goes on with it; after the last step it arrives home.
-            dkv = ring.pass_on(dkv, tag=1)()
+            accumulator = ring.pass_on(dkv, tag=1)
             if arriving is not None:
                 kv = arriving()
+        dkv = accumulator()
         return dq.view(q.shape).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
