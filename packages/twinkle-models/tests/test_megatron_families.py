@@ -1,7 +1,8 @@
 """MegatronModel on the bundled tiny families beyond Qwen3 (scripts/megatron_families.py, one
-launch of two CPU processes, gloo): each family converts from its Hugging Face weights and
-back bit for bit, and its logits, logps and three AdamW steps match the one-process
-TransformersModel on the same seeded weights, encoded with the family's own chat template.
+launch of two CPU processes, gloo, about 2 minutes on 2 loaded cores): each family converts
+from its Hugging Face weights and back bit for bit, and its logits, logps and three AdamW
+steps match the one-process TransformersModel on the same seeded weights, encoded with the
+family's own chat template.
 
 Tolerances as test_megatron_parallel's: logits and logps 1e-5, losses 1e-5 after the first
 step and 1e-4 after three, gradient norms 1e-4 relative; round trips and exports exact.
@@ -18,6 +19,13 @@ SCRIPT = Path(__file__).parent / "scripts" / "megatron_families.py"
 CASES = (
     "tiny-mistral:tp2",  # Llama's layer; vocabulary 1034 split in two
     "tiny-phi4:tp2",  # fused qkv_proj and gate_up_proj, untied head, vocabulary padded
+    # GLM-4.5: half the head dimensions rotated, a dense first layer, sigmoid routing with a
+    # random load-balancing bias, the shared experts split over tp (sequence parallel)
+    "tiny-glm4.5+bias:tp2sp",
+    # DeepSeek-V3: latent attention, group-limited sigmoid routing (2 groups) with a random
+    # bias and a scaling factor, experts over dp2 × ep2; then a dense and an MoE stage
+    "tiny-deepseek-v3+bias:ep2",
+    "tiny-deepseek-v3:pp2",
     "lora_refused:tiny-phi4",
 )
 LOGIT_TOL = 1e-5

@@ -144,6 +144,51 @@ def test_windows_and_rotary_shares_megatron_cannot_compute_are_refused():
         gpt_spec(partial, tp=1)
 
 
+def test_sigmoid_routing_reads_as_megatrons_router_or_is_refused():
+    glm = _bundled("tiny-glm4.5")  # first layer dense, 4 experts top-2, one shared expert
+    spec = gpt_spec(glm, tp=1)
+    assert (spec.score_function, spec.expert_bias, spec.moe_layers) == ("sigmoid", True, (0, 1))
+    assert (spec.num_experts, spec.topk, spec.shared_ffn_hidden_size) == (4, 2, 32)
+    assert (spec.num_groups, spec.rotary_percent, spec.qk_norm) == (0, 0.5, False)
+    assert "shared experts" in spec.lora_refused
+    assert gpt_spec(_with(glm, use_qk_norm=True), tp=1).qk_norm is True
+    with pytest.raises(ValueError, match="renormalises sigmoid top-k weights exactly when k > 1"):
+        gpt_spec(_with(glm, norm_topk_prob=False), tp=1)
+    grouped = _with(glm, n_group=2, topk_group=1)  # a group scored by its top 2 in both
+    assert (gpt_spec(grouped, tp=1).num_groups, gpt_spec(grouped, tp=1).group_topk) == (2, 1)
+    with pytest.raises(ValueError, match="transformers scores a group by its top 2 experts"):
+        gpt_spec(_with(glm, n_group=2, topk_group=2), tp=1)
+
+
+def test_latent_attention_reads_as_megatrons_and_refuses_tensor_parallel():
+    from twinkle.model.megatron.config import transformer_config
+
+    deepseek = _bundled("tiny-deepseek-v3")
+    spec = gpt_spec(deepseek, tp=1)
+    assert spec.mla == {
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_head_dim": 8,
+        "qk_pos_emb_head_dim": 8,
+        "v_head_dim": 16,
+    }
+    assert (spec.num_groups, spec.group_topk, spec.scaling_factor) == (2, 1, 2.5)
+    assert spec.weights["self_attention.linear_kv_down_proj.weight"] == (
+        "column",
+        ("self_attn.kv_a_proj_with_mqa.weight",),
+    )
+    with pytest.raises(ValueError, match="tp_size=2 with multi-head latent attention"):
+        transformer_config(spec, _layout(tp_size=2), "fp32", on_accelerator=False)
+    with pytest.raises(ValueError, match="always reads the rope dimensions interleaved"):
+        gpt_spec(_with(deepseek, rope_interleave=False), tp=1)
+    with pytest.raises(ValueError, match="rms_norm_eps=1e-05: transformers normalises"):
+        gpt_spec(_with(deepseek, rms_norm_eps=1e-5), tp=1)
+
+
+def _with(config, **changes):
+    return config.__class__.from_dict({**config.to_dict(), **changes})
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_fused_projections_round_trip_and_split_as_the_separate_ones(tp):
     spec = gpt_spec(_bundled("tiny-phi4"), tp)

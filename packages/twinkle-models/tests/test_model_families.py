@@ -33,7 +33,16 @@ def test_every_bundled_model_has_a_family_whose_layout_finds_its_moe_blocks(name
 
 def test_megatron_families_are_the_ones_megatron_converts():
     megatron = sorted(f.name for f in set(FAMILIES.values()) if f.megatron is not None)
-    assert megatron == ["llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
+    assert megatron == [
+        "deepseek_v3",
+        "glm4_moe",
+        "llama",
+        "mistral",
+        "phi3",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+    ]
 
 
 def test_a_model_type_belongs_to_one_family():

@@ -61,20 +61,24 @@ kind, Hugging Face names after ``model.layers.<L>.``). The layout kinds are thos
 
 @dataclass(frozen=True)
 class MegatronRules:
-    """How MegatronModel converts a family: ``qk_norm`` (RMSNorm on queries and keys),
+    """How MegatronModel converts a family: ``qk_norm`` (RMSNorm on queries and keys, or
+    how the config says whether it has them),
     ``qkv_bias`` (the default when the config has no ``attention_bias``), ``moe`` (reads
     the MoE settings from the config as megatron-core names them, or None for a dense
     family), ``weights`` (its layers' weight names, :data:`GPT_LAYER_WEIGHTS` by default)
-    and ``lora`` (None when MegatronModel's LoRA, which keeps peft's per-projection q/k/v/
-    o/gate/up/down form, fits the family; otherwise why it does not)."""
+    ``lora`` (None when MegatronModel's LoRA, which keeps peft's per-projection q/k/v/
+    o/gate/up/down form, fits the family; otherwise why it does not) and ``attention``
+    (None for standard attention; otherwise reads multi-head latent attention's settings
+    from the config as megatron-core's MLATransformerConfig names them)."""
 
-    qk_norm: bool = False
+    qk_norm: bool | Callable[[Any], bool] = False
     qkv_bias: bool = False
     moe: Callable[[Any], dict[str, Any]] | None = None
     weights: dict[str, tuple[str, tuple[str, ...]]] = field(
         default_factory=lambda: GPT_LAYER_WEIGHTS
     )
     lora: str | None = None
+    attention: Callable[[Any], dict[str, Any]] | None = None
 
 
 TP_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")

@@ -21,6 +21,8 @@ def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.
 
     if spec.num_experts:
         _define_missing_te_gemm()
+    if spec.mla:
+        _mla_without_te()
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp or 1):
@@ -72,6 +74,18 @@ def _define_missing_te_gemm() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def _mla_without_te() -> None:
+    """NOTE: without Transformer Engine, megatron-core 0.16's transformer_engine extension
+    still imports (its ``te`` a MagicMock), so multi_latent_attention sets ``HAVE_TE =
+    True`` and later calls ``isinstance(linear_proj, TELinear)`` with a mock class: a
+    TypeError at build time. Its flag is set from the extension's own."""
+    from megatron.core.extensions import transformer_engine
+    from megatron.core.transformer import multi_latent_attention
+
+    if not transformer_engine.HAVE_TE:
+        multi_latent_attention.HAVE_TE = False
 
 
 def load_weights(chunks: list[torch.nn.Module], spec: GPTSpec, reader: HFWeightReader) -> None:

@@ -3,8 +3,10 @@
 Supported families: those whose family file (``twinkle.model.families``) declares
 MegatronRules: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts, no
 auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2,
-Llama, Mistral (optional q/k/v bias) and Phi-3 / Phi-4 (fused projections, partial
-rotary), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
+Llama, Mistral (optional q/k/v bias), Phi-3 / Phi-4 (fused projections, partial
+rotary), GLM-4.5 and DeepSeek-V3 (sigmoid routing with a fixed load-balancing bias,
+shared experts, dense first layers; DeepSeek-V3's multi-head latent attention without
+tensor parallel), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
 would silently change the maths (rope scaling, sliding windows, biases on other
 linears) is refused by name.
 
@@ -50,6 +52,19 @@ class GPTSpec:
     # Megatron's softmax over the top-k logits; without renormalisation, Megatron's
     # pre-softmax routing (softmax over all experts, then top-k) is the same maths.
     pre_softmax: bool = False
+    # Sigmoid routing (DeepSeek-V3, GLM-4.5): the score function, a load-balancing bias on
+    # the scores that choose the experts, group-limited top-k (0: none), the weights'
+    # scaling factor, the shared experts' width (0: none) and which layers are MoE ones
+    # (empty: all).
+    score_function: str = "softmax"
+    expert_bias: bool = False
+    num_groups: int = 0
+    group_topk: int = 0
+    scaling_factor: float = 0.0
+    shared_ffn_hidden_size: int = 0
+    moe_layers: tuple[bool, ...] = ()
+    # Multi-head latent attention's settings (MLATransformerConfig's names), or empty.
+    mla: dict = field(default_factory=dict, compare=False)
     # The share of each head's dimensions RoPE rotates (the first ones; Phi-4-mini, GLM-4.5).
     rotary_percent: float = 1.0
     # The family's layer weight names (MegatronRules.weights).
@@ -134,7 +149,7 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
         ffn_hidden_size=hf_config.intermediate_size,
         vocab_size=vocab,
         padded_vocab_size=-(-vocab // tp) * tp,
-        qk_norm=rules.qk_norm,
+        qk_norm=bool(rules.qk_norm(hf_config) if callable(rules.qk_norm) else rules.qk_norm),
         qkv_bias=qkv_bias,
         tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         rope_theta=_rope_theta(hf_config),
@@ -142,6 +157,7 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
         max_positions=hf_config.max_position_embeddings,
         rotary_percent=_rotary_percent(hf_config, head_dim),
         weights=rules.weights,
+        mla={} if rules.attention is None else rules.attention(hf_config),
         lora_refused=rules.lora,
         **moe,
     )
@@ -159,7 +175,7 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, on_accelerato
     tensor-parallel weights (``tensor_model_parallel``) only inside its init path, and
     unmarked shards are counted as duplicates by the gradient-norm and clipping code.
     """
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
     dtype = _DTYPES[precision]
     moe = {}
@@ -175,7 +191,48 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, on_accelerato
             # alltoall is the fast path on GPUs; allgather needs no CUDA stream.
             moe_token_dispatcher_type="alltoall" if on_accelerator else "allgather",
         )
-    return TransformerConfig(
+        if spec.moe_layers:
+            moe["moe_layer_freq"] = [int(m) for m in spec.moe_layers]
+        if spec.score_function != "softmax":
+            moe.update(
+                moe_router_score_function=spec.score_function,
+                # transformers computes these routers in float32 whatever the model's dtype
+                moe_router_dtype="fp32",
+            )
+        if spec.expert_bias:
+            # transformers keeps the bias fixed; megatron-core would move it every step.
+            moe.update(moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.0)
+        if spec.num_groups:
+            moe.update(moe_router_num_groups=spec.num_groups, moe_router_group_topk=spec.group_topk)
+        if spec.scaling_factor:
+            moe["moe_router_topk_scaling_factor"] = spec.scaling_factor
+        if spec.shared_ffn_hidden_size:
+            moe["moe_shared_expert_intermediate_size"] = spec.shared_ffn_hidden_size
+    attention = {}
+    if spec.mla:
+        if layout.cp > 1:
+            raise ValueError(
+                "cp_size > 1 with multi-head latent attention: MegatronModel's context "
+                "parallel covers standard attention only"
+            )
+        if layout.tp > 1:
+            # NOTE: megatron-core 0.16's local MLA splits linear_kv_down_proj's output over
+            # tp and gathers it back; the gather's backward keeps each rank's own columns,
+            # so the rope key's gradient (the last columns, shared by every head) keeps one
+            # rank's heads only. Measured: gradient norms 3e-5 off at tp2.
+            raise ValueError(
+                f"tp_size={layout.tp} with multi-head latent attention: megatron-core's local "
+                "layers lose part of the shared rope key's gradient under tensor parallel; "
+                "use dp, pp or ep (tp_size=1)"
+            )
+        attention = dict(
+            **spec.mla,
+            rope_type="rope",
+            rotary_base=spec.rope_theta,
+            rotary_percent=spec.rotary_percent,
+            rotary_scaling_factor=1.0,  # no yarn: the softmax scale stays 1/sqrt(head dim)
+        )
+    return (MLATransformerConfig if spec.mla else TransformerConfig)(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_heads,
@@ -216,4 +273,5 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, on_accelerato
         persist_layer_norm=False,
         deallocate_pipeline_outputs=on_accelerator,
         **moe,
+        **attention,
     )

@@ -16,7 +16,8 @@ Layouts (per layer; G key/value groups, h query heads per group, d head dim):
 * ``linear_fc1`` is [gate; up]; each tensor-parallel rank holds [gate_r; up_r].
 * ``qkv_fused`` and ``fc1_fused`` are the same two layouts read from one Hugging Face
   tensor that stacks [q; k; v] or [gate; up] (Phi-3).
-* ``linear_proj`` and ``linear_fc2`` are row-parallel (split along the input dim).
+* ``linear_proj`` and ``linear_fc2`` are row-parallel (split along the input dim);
+  ``column`` layers split their outputs (MLA's projections).
 * embedding and output rows are padded to the padded vocabulary, then split.
 * norms are replicated.
 * experts (Qwen3-MoE) are spread over expert-parallel ranks, each split like a dense MLP
@@ -96,6 +97,8 @@ def to_shard(kind: str, tensors: list[torch.Tensor], spec: GPTSpec | None, rank:
         return tensors[0]
     if kind == "row":
         return tensors[0].chunk(tp, dim=1)[rank]
+    if kind == "column":
+        return tensors[0].chunk(tp)[rank]
     if kind == "vocab":
         full = tensors[0]
         padding = spec.padded_vocab_size - full.shape[0]
@@ -129,6 +132,8 @@ def from_shards(kind: str, shards: list[torch.Tensor], spec: GPTSpec | None) -> 
         return [shards[0]]
     if kind == "row":
         return [torch.cat(shards, dim=1)]
+    if kind == "column":
+        return [torch.cat(shards)]
     if kind == "vocab":
         return [torch.cat(shards)[: spec.vocab_size]]
     if kind == "fc1":
@@ -149,12 +154,22 @@ def local_layer_map(gpt_model: torch.nn.Module) -> dict[int, int]:
     return {i: layer.layer_number - 1 for i, layer in enumerate(gpt_model.decoder.layers)}
 
 
-def megatron_parameters(gpt_model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """The bare GPTModel's base parameters by name: LoRA factors left out, and a LoRA
-    wrapper's ``.base`` dropped from its base layer's names."""
+CONVERTED_BUFFERS = ("expert_bias",)
+"""Buffers that are Hugging Face weights too (the router's load-balancing bias)."""
+
+
+def megatron_parameters(gpt_model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The bare GPTModel's base parameters by name, with the buffers that are weights:
+    LoRA factors left out, and a LoRA wrapper's ``.base`` dropped from its base layer's
+    names."""
+    buffers = [
+        (name, buffer)
+        for name, buffer in gpt_model.named_buffers()
+        if name.rsplit(".", 1)[-1] in CONVERTED_BUFFERS
+    ]
     return {
         name.replace(".base.", "."): param
-        for name, param in gpt_model.named_parameters()
+        for name, param in [*gpt_model.named_parameters(), *buffers]
         if ".lora_" not in name
     }
 

@@ -49,6 +49,29 @@ def _swap(node: Any, old: type, new: type) -> Any:
     return node
 
 
+def latent_attention_core() -> type:
+    """megatron-core 0.16's local ``DotProductAttention`` with the key and value widths
+    multi-head latent attention passes (``k_channels``, ``v_channels``).
+
+    NOTE: its MLASelfAttention builds the core attention with those two arguments, which
+    only Transformer Engine's attention takes (the base Attention first builds one without
+    them): the local spec with MLA fails at build time. The local maths is already right
+    for queries and keys of one width and values of another, but for the output's width,
+    which it takes from ``kv_channels``."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class LatentDotProductAttention(DotProductAttention):
+        def __init__(
+            self, *args: Any, k_channels: int | None = None, v_channels: int | None = None, **kw
+        ) -> None:
+            super().__init__(*args, **kw)
+            if v_channels is not None:
+                heads = self.num_attention_heads_per_partition
+                self.hidden_size_per_partition = heads * v_channels
+
+    return LatentDotProductAttention
+
+
 def local_block_spec(spec: GPTSpec, config: Any, vp_stage: int | None):
     """The transformer block of this pipeline (and virtual) stage, local spec, torch norms;
     under context parallel, ContextParallelAttention as the core attention."""
@@ -59,15 +82,26 @@ def local_block_spec(spec: GPTSpec, config: Any, vp_stage: int | None):
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    layer = get_gpt_layer_local_spec(
-        num_experts=spec.num_experts or None,
-        moe_grouped_gemm=False,
-        qk_layernorm=spec.qk_norm,
-        normalization="RMSNorm",
-    )
-    layer = _swap(layer, WrappedTorchNorm, TorchRMSNorm)
-    if config.context_parallel_size > 1:
-        layer = _swap(layer, DotProductAttention, context_parallel_attention())
+    def layer_spec(moe: bool):
+        layer = get_gpt_layer_local_spec(
+            num_experts=spec.num_experts if moe else None,
+            moe_grouped_gemm=False,
+            qk_layernorm=spec.qk_norm,
+            multi_latent_attention=bool(spec.mla),
+            normalization="RMSNorm",
+        )
+        layer = _swap(layer, WrappedTorchNorm, TorchRMSNorm)
+        if spec.mla:
+            layer = _swap(layer, DotProductAttention, latent_attention_core())
+        if config.context_parallel_size > 1:
+            layer = _swap(layer, DotProductAttention, context_parallel_attention())
+        return layer
+
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=TorchRMSNorm)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    moe_layers = spec.moe_layers or (bool(spec.num_experts),) * spec.num_layers
+    specs = {moe: layer_spec(moe) for moe in set(moe_layers)}
+    local = [specs[moe_layers[offset + i]] for i in range(layers)]
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=TorchRMSNorm)
