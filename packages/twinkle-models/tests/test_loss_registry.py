@@ -13,6 +13,7 @@ EXPECTED = {
     "ChunkedCrossEntropyLoss",
     "CrossEntropyLoss",
     "DPOLoss",
+    "DecoupledPPOLoss",
     "DRGRPOLoss",
     "GKDLoss",
     "GRPOLoss",

@@ -1,7 +1,7 @@
 """The catalogue's losses under DDP equal one process (scripts/losses_ddp.py, one torchrun
 launch of two gloo ranks): PPO, the PPO value loss, SAPO, BNPO, Dr. GRPO, GRPO with a
-reference KL, GKD, SimPO, CPO and ORPO each take one SGD step (lr 1) on four rows whose
-label tokens fall unevenly on the ranks (13 and 10).
+reference KL, decoupled PPO, GKD, SimPO, CPO and ORPO each take one SGD step (lr 1) on four
+rows whose label tokens fall unevenly on the ranks (13 and 10).
 
 Tolerance: gradient norms to 1e-5 relative and every weight's step to 1e-6 absolute on
 steps up to 0.9 (float32; measured <= 1.2e-7): the runs differ only in how the gradient
@@ -23,6 +23,7 @@ LOSSES = (
     "BNPOLoss",
     "DRGRPOLoss",
     "GRPOLoss",
+    "DecoupledPPOLoss",
     "GKDLoss",
     "SimPOLoss",
     "CPOLoss",

@@ -106,6 +106,19 @@ def test_a_batch_without_recorded_routes_is_refused(hf_model):
         TransformersModel("bundled://tiny-qwen3-moe", routing_replay=1)
 
 
+def test_policy_logps_record_the_routes_for_decoupled_ppo(hf_model):
+    """DecoupledPPOLoss's proximal pass is policy_logps, not forward_only: it records too."""
+    model = TransformersModel("bundled://tiny-qwen3-moe", routing_replay=True)
+    model.set_loss("DecoupledPPOLoss")
+    rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}]
+    prox = model.policy_logps(rows)
+    model.forward_backward(rows, advantages=[1.0], old_logps=prox, prox_logps=prox)
+    other = [{"input_ids": [5, 6, 7, 9], "labels": [-100, 6, 7, 9]}]
+    model.policy_logps(other, routing_replay=False)
+    with pytest.raises(ValueError, match="no routes were recorded"):
+        model.forward_backward(other, advantages=[1.0], old_logps=prox, prox_logps=prox)
+
+
 def test_replay_under_expert_and_sequence_parallel(torchrun, tmp_path):
     torchrun(SCRIPT, tmp_path, procs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -38,6 +38,17 @@ def test_reference_logps_are_the_base_models_and_leave_the_adapter_on():
     assert out["policy_stats"]["ref_kl_sum"] > 0
 
 
+def test_policy_logps_are_forward_only_s_without_the_loss_or_its_metrics():
+    model = TransformersModel("bundled://tiny-qwen3")
+    expected = model.forward_only(FEATURES).logps  # the default loss needs nothing more
+    model.set_loss("DecoupledPPOLoss")  # forward_only would now need advantages and old_logps
+    model.calculate_metric(is_training=False)  # and reset the evaluation metrics
+    torch.testing.assert_close(model.policy_logps(FEATURES), expected, rtol=0, atol=0)
+    assert model.calculate_metric(is_training=False) == {}
+    with pytest.raises(ValueError, match="policy_logps scores label tokens"):
+        model.policy_logps([{"input_ids": [5, 6, 7]}])
+
+
 def test_reference_logps_refuse_a_full_model_and_unlabelled_batches():
     with pytest.raises(ValueError, match="has none .* second TransformersModel"):
         TransformersModel("bundled://tiny-qwen3").reference_logps(FEATURES)

@@ -27,6 +27,17 @@ def test_the_grpo_family_and_ppo_train_by_name(tenant, loss):
     assert out["loss"] is not None
 
 
+def test_decoupled_ppo_trains_by_name_on_the_tenant_s_proximal_logps(tenant):
+    alice, run = tenant
+    alice.ok(run, "set_loss", loss="DecoupledPPOLoss", max_weight=2.0)
+    stale = [v - 0.5 for v in LOGPS]  # the sampler's, one policy version behind
+    out = alice.ok(
+        run, "forward_backward", inputs=[FEATURE] * 2, old_logps=[stale] * 2,
+        prox_logps=[LOGPS] * 2, advantages=[1.0, -1.0],
+    )  # fmt: skip
+    assert out["loss"] is not None
+
+
 def test_reference_free_preference_losses_train_by_name(tenant):
     alice, run = tenant
     for loss in ("SimPOLoss", "CPOLoss", "ORPOLoss"):
@@ -40,6 +51,12 @@ def test_reference_free_preference_losses_train_by_name(tenant):
         ({"loss": "PPOLoss"}, {"advantages": [1.0, 1.0]}, "PPOLoss needs old_logps"),
         ({"loss": "SAPOLoss", "beta": 0.1}, {"advantages": [1.0, 1.0]}, "needs ref_logps"),
         ({"loss": "GKDLoss"}, {}, "GKDLoss needs teacher_logits"),
+        (
+            {"loss": "DecoupledPPOLoss"},
+            {"advantages": [1.0, 1.0], "old_logps": [LOGPS] * 2},
+            "DecoupledPPOLoss needs prox_logps",
+        ),
+        ({"loss": "DecoupledPPOLoss", "max_weight": 0.5}, None, "max_weight must be a finite"),
         ({"loss": "SAPOLoss", "tau_pos": -1}, None, "tau_pos must be a positive"),
         ({"loss": "DRGRPOLoss", "max_completion_length": 0}, None, "max_completion_length"),
         ({"loss": "PPOValueLoss"}, None, "PPOValueLoss"),  # needs a value model: not offered

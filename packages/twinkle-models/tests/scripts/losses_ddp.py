@@ -8,8 +8,9 @@ rows have 8, 5, 7 and 3 label tokens, so the ranks hold 13 and 10: a loss normal
 rank's own tokens would differ from one process. One SGD step (lr 1, no clipping): the
 gradient norms and the largest weight difference afterwards are recorded. Policy losses get
 old logps a little off the model's own (so ratios leave 1 and some clip) and per-sequence
-advantages; GKD gets random teacher logits; the value loss trains a TransformersValueModel
-on returns and old values; the preference losses take (chosen, rejected) row pairs.
+advantages (decoupled PPO also proximal logps half way between); GKD gets random teacher
+logits; the value loss trains a TransformersValueModel on returns and old values; the
+preference losses take (chosen, rejected) row pairs.
 BNPO normalises by the tokens of each batch a loss call sees, which under DDP is a rank's
 share (TRL's local batch): its one-process reference runs the shares as micro-batches.
 Results go to OUT/rank<r>.json.
@@ -36,6 +37,7 @@ POLICY = {
     "BNPOLoss": {"epsilon": 0.1},
     "DRGRPOLoss": {"epsilon": 0.1, "max_completion_length": 10},
     "GRPOLoss": {"epsilon": 0.1, "beta": 0.1},
+    "DecoupledPPOLoss": {"epsilon": 0.1, "max_weight": 1.2},
 }
 PREFERENCE = {"SimPOLoss": {}, "CPOLoss": {}, "ORPOLoss": {}}
 
@@ -60,6 +62,8 @@ def loss_inputs(vocab: int) -> dict[str, dict]:
     policy = {"old_logps": old, "advantages": advantages}
     inputs = {name: dict(policy) for name in POLICY}
     inputs["GRPOLoss"]["ref_logps"] = ref_logps
+    # The proximal policy between the sampler's and the model's: weights leave 1, some truncate.
+    inputs["DecoupledPPOLoss"]["prox_logps"] = (logps + old) / 2
     inputs["GKDLoss"] = {"teacher_logits": torch.randn((4, LENGTH, vocab), generator=generator)}
     returns = torch.randn(logps.shape, generator=generator)
     inputs["PPOValueLoss"] = {"returns": returns, "old_values": 0.3 * returns}

@@ -1,5 +1,6 @@
 """Losses: cross entropy (plain and chunked over the vocabulary, with DFT weighting), RL
-policy gradients (GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO with its value loss),
+policy gradients (GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO with its value loss, and
+decoupled PPO for stale asynchronous rollouts),
 preference losses (DPO, SimPO, CPO, ORPO), distillation (GKD), InfoNCE for embeddings and
 MSE.
 
@@ -17,6 +18,7 @@ from twinkle.loss.chunked_logps import (
     default_chunk_size,
 )
 from twinkle.loss.cross_entropy import CrossEntropyLoss
+from twinkle.loss.decoupled import DecoupledPPOLoss
 from twinkle.loss.distillation import GKDLoss
 from twinkle.loss.embedding import EmbeddingLayout, InfonceLoss, embedding_layout
 from twinkle.loss.fields import align_to_labels, label_mask
@@ -48,6 +50,7 @@ __all__ = [
     "ChunkedCrossEntropyLoss",
     "CrossEntropyLoss",
     "DPOLoss",
+    "DecoupledPPOLoss",
     "EmbeddingLayout",
     "GKDLoss",
     "GRPOLoss",

@@ -62,9 +62,25 @@ class TokenPolicyLoss(Loss):
 
     @abstractmethod
     def token_terms(
-        self, policy: PolicyInputs, ratio: torch.Tensor, advantages: torch.Tensor
+        self, policy: PolicyInputs, ratio: torch.Tensor, advantages: torch.Tensor, **extra: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each token's loss term, and where its clip is active (the clip fraction)."""
+        """Each token's loss term, and where its clip is active (the clip fraction);
+        ``extra`` is what ``read_extra`` returned."""
+
+    def read_extra(
+        self,
+        owner: str,
+        policy: PolicyInputs,
+        inputs: Mapping[str, Any],
+        kwargs: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Inputs a subclass reads beside ``PolicyInputs`` (none here), handed to
+        ``token_terms`` and ``extra_stats`` as keyword arguments."""
+        return {}
+
+    def extra_stats(self, policy: PolicyInputs, **extra: Any) -> dict[str, torch.Tensor]:
+        """Detached sums a subclass adds to ``policy_stats`` (none here)."""
+        return {}
 
     def reduce(
         self, policy: PolicyInputs, per_token: torch.Tensor
@@ -78,7 +94,8 @@ class TokenPolicyLoss(Loss):
         policy = read_policy(owner, inputs, outputs, kwargs, old_required=self.old_logps_required)
         advantages = policy.token_advantages().expand_as(policy.logps)
         ratio = torch.exp(policy.log_ratio)
-        per_token, clipped = self.token_terms(policy, ratio, advantages)
+        extra = self.read_extra(owner, policy, inputs, kwargs)
+        per_token, clipped = self.token_terms(policy, ratio, advantages, **extra)
         ref_kl = None
         if self.beta > 0:
             kl = reference_kl(owner, policy, inputs, kwargs, self.kl_estimator)
@@ -86,6 +103,7 @@ class TokenPolicyLoss(Loss):
             ref_kl = kl.detach()[policy.mask]
         loss, num_tokens = self.reduce(policy, per_token)
         stats = policy_stats(policy, clipped[policy.mask], policy.num_tokens, ref_kl)
+        stats.update(self.extra_stats(policy, **extra))
         return {"loss": loss, "num_tokens": num_tokens, "policy_stats": stats}
 
 

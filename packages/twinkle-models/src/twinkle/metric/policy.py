@@ -1,10 +1,10 @@
 """PolicyMetric: how far the trained policy moved from the sampler's, per RL batch.
 
 Reads ``outputs['policy_stats']``, the detached sums every policy-gradient loss returns
-(GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO; the model puts a loss's extra keys into the
-outputs its metrics see), and the entropy of the
-policy at the label positions from ``outputs['logits']`` when the model produced them.
-Ignores calls without ``policy_stats`` (supervised batches, step-level calls).
+(GRPO, GSPO, CISPO, SAPO, BNPO, Dr. GRPO, PPO, decoupled PPO; the model puts a loss's extra
+keys into the outputs its metrics see), and the entropy of the policy at the label
+positions from ``outputs['logits']`` when the model produced them. Ignores calls without
+``policy_stats`` (supervised batches, step-level calls).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ class PolicyMetric(Metric):
       ``old_logps`` came from a sampler);
     * ``policy/kl_ref``: the loss's KL estimate (k1, k2 or k3) to the reference policy
       (losses with ``beta > 0``);
+    * ``policy/is_weight_mean``, ``/is_weight_max``, ``/is_truncated_fraction``: the
+      behaviour-to-proximal importance weights of DecoupledPPOLoss (after truncation) and the
+      share of tokens whose weight was truncated (that loss only);
     * ``policy/entropy``: mean entropy of the policy where it predicts label tokens (only when
       the model handed over full logits).
     """
@@ -64,6 +67,9 @@ class PolicyMetric(Metric):
         self._sampler_tokens: torch.Tensor | float = 0.0
         self._mismatch: torch.Tensor | float = 0.0
         self._ref_kl: torch.Tensor | float | None = None
+        self._is_weight: torch.Tensor | float | None = None  # sum over tokens
+        self._is_truncated: torch.Tensor | float = 0.0
+        self._is_weight_max: torch.Tensor | None = None
         self._min: torch.Tensor | None = None
         self._max: torch.Tensor | None = None
         self._entropy: torch.Tensor | float = 0.0
@@ -88,6 +94,13 @@ class PolicyMetric(Metric):
             self._mismatch = self._mismatch + stats["abs_log_ratio_sum"]
         if "ref_kl_sum" in stats:
             self._ref_kl = (self._ref_kl or 0.0) + stats["ref_kl_sum"]
+        if "is_weight_sum" in stats:
+            self._is_weight = (self._is_weight or 0.0) + stats["is_weight_sum"]
+            self._is_truncated = self._is_truncated + stats["is_truncated"]
+            top = stats["is_weight_max"]
+            self._is_weight_max = (
+                top if self._is_weight_max is None else torch.maximum(self._is_weight_max, top)
+            )
         low, high = stats["ratio_min"], stats["ratio_max"]
         self._min = low if self._min is None else torch.minimum(self._min, low)
         self._max = high if self._max is None else torch.maximum(self._max, high)
@@ -98,7 +111,8 @@ class PolicyMetric(Metric):
             self._entropy_tokens += count
 
     def reduce_across(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Totals over the data-parallel ranks; ``ratio_min``/``ratio_max`` stay this rank's."""
+        """Totals over the data-parallel ranks; ``ratio_min``/``ratio_max`` and
+        ``is_weight_max`` stay this rank's."""
         local = [float(self._sums[k]) for k in _SUMS] + [
             float(self._sampler_tokens),
             float(self._mismatch),
@@ -106,12 +120,20 @@ class PolicyMetric(Metric):
             float(self._ref_kl is not None),
             float(self._entropy),
             float(self._entropy_tokens),
+            float(self._is_weight or 0.0),
+            float(self._is_weight is not None),
+            float(self._is_truncated),
         ]
         total = reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
         self._sums = dict(zip(_SUMS, total[: len(_SUMS)], strict=True))
-        sampler_tokens, mismatch, ref_kl, has_ref, entropy, entropy_tokens = total[len(_SUMS) :]
+        sampler_tokens, mismatch, ref_kl, has_ref, entropy, entropy_tokens = total[
+            len(_SUMS) : len(_SUMS) + 6
+        ]
+        is_weight, has_is_weight, is_truncated = total[len(_SUMS) + 6 :]
         self._sampler_tokens, self._mismatch = sampler_tokens, mismatch
         self._ref_kl = ref_kl if has_ref > 0 else None
+        self._is_weight = is_weight if has_is_weight > 0 else None
+        self._is_truncated = is_truncated
         self._entropy, self._entropy_tokens = entropy, int(entropy_tokens)
 
     def calculate(self) -> dict[str, float]:
@@ -136,6 +158,11 @@ class PolicyMetric(Metric):
             result["policy/logp_mismatch"] = float(self._mismatch) / float(self._sampler_tokens)
         if self._ref_kl is not None:
             result["policy/kl_ref"] = float(self._ref_kl) / tokens
+        if self._is_weight is not None:
+            result["policy/is_weight_mean"] = float(self._is_weight) / tokens
+            result["policy/is_truncated_fraction"] = float(self._is_truncated) / tokens
+            if self._is_weight_max is not None:
+                result["policy/is_weight_max"] = float(self._is_weight_max)
         if self._entropy_tokens:
             result["policy/entropy"] = float(self._entropy) / self._entropy_tokens
         return result

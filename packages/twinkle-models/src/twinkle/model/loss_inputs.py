@@ -18,7 +18,7 @@ import torch
 from twinkle.loss import align_to_labels
 from twinkle.loss.fields import per_sequence_or_token
 
-PER_TOKEN_LOSS_INPUTS = ("old_logps",)
+PER_TOKEN_LOSS_INPUTS = ("old_logps", "prox_logps")
 """Loss arguments that hold one value per label token of each row (``twinkle.loss.base``)."""
 
 

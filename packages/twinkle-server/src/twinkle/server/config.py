@@ -90,6 +90,7 @@ class AllowList(_Strict):
         "BNPOLoss",
         "DRGRPOLoss",
         "PPOLoss",
+        "DecoupledPPOLoss",  # prox_logps: the tenant's forward_only logps before the update
         "DPOLoss",
         "SimPOLoss",
         "CPOLoss",
