@@ -17,13 +17,16 @@ failed. ``benchmarks/gpu/validate.sh`` installs the GPU extras first and then ru
 6. ``sft_mfu``: tokens/s and MFU of full SFT of a Qwen3-4B-shaped model at bf16
    (``bench_model_gpu.py``);
 7. ``ring_flash``: ring attention's blocks through flash-attn against the torch blocks, every
-   rank of rings of 2 and 4 in one process, padded and packed (``check_ring_attention_gpu.py``).
+   rank of rings of 2 and 4 in one process, padded and packed (``check_ring_attention_gpu.py``);
+8. ``agentic_vllm``: MultiTurnRollout around vLLMSampler, the trainer's logprobs of the
+   multi-turn sequences against vLLM's, and DecoupledPPOLoss on them
+   (``check_agentic_vllm_gpu.py``).
 
     python benchmarks/gpu/validate.py [--only kernels,sft_mfu] [--dry-run]
 
 ``--dry-run`` checks without a GPU that every script exists and compiles, builds the model
 configs, and prints the plan; the CPU test ``test_gpu_validation_scripts.py`` runs it.
-The time limits add up to 870 s (14.5 minutes); on an H200 the run should take under ten.
+The time limits add up to 930 s (15.5 minutes); on an H200 the run should take under ten.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ CHECKS = (
     Check("sft_mfu", HERE / "bench_model_gpu.py",
           ("--variants", "full", "--steps", "6", "--warmup", "2"), 150),
     Check("ring_flash", HERE / "check_ring_attention_gpu.py", (), 60, ("flash_attn",)),
+    Check("agentic_vllm", HERE / "check_agentic_vllm_gpu.py", (), 60, ("vllm",)),
 )  # fmt: skip
 
 

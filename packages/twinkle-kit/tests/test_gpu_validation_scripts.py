@@ -1,7 +1,9 @@
 """The GPU validation run (benchmarks/gpu/validate.sh) cannot rot unnoticed: without a GPU, its
 orchestrator's dry run checks every script and config, the kernel check runs its cases at toy
 shapes on a CPU (every op on its reference), a broken fast path fails it with the op, the
-shapes and the error, and the weight-sync check prints its plan. None of it ran on a GPU."""
+shapes and the error, the weight-sync check prints its plan, and the agentic check runs its
+rollout, scoring and decoupled-PPO step with TorchSampler in vLLM's place. None of it ran on
+a GPU."""
 
 import importlib.util
 import subprocess
@@ -36,10 +38,11 @@ def test_the_dry_run_lists_every_check_and_builds_the_configs(load, capsys):
     assert validate.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     checks = ("kernels", "gated_delta", "vllm_lora", "weight_sync", "fsdp2", "sft_mfu")
-    for check in (*checks, "ring_flash"):
+    for check in (*checks, "ring_flash", "agentic_vllm"):
         assert f"check {check}:" in out
     assert "config qwen3-8b: 36 layers, hidden 4096" in out and "nothing ran on a GPU" in out
-    assert sum(c.timeout_s for c in validate.CHECKS) <= 900  # about ten minutes on one GPU
+    # Limits, not durations: the checks should finish in about ten minutes on one GPU.
+    assert sum(c.timeout_s for c in validate.CHECKS) <= 930
     with pytest.raises(SystemExit):
         validate.main(["--only", "nope", "--dry-run"])
 
@@ -98,6 +101,19 @@ def test_the_weight_sync_check_prints_its_plan_without_a_gpu(load, capsys):
     assert '"shape": "qwen3-8b"' in capsys.readouterr().out
     if not torch.cuda.is_available():
         assert sync.main([]) == 2
+
+
+def test_the_agentic_check_runs_everything_but_vllm_on_cpu(load, capsys):
+    check = load("check_agentic_vllm_gpu")
+    assert check.main(["--sampler", "torch"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| torch |"))
+    _, trajectories, turns, mismatch, weight = (c.strip() for c in row.strip("|").split("|"))
+    assert int(trajectories) == 16 and int(turns) >= 2
+    assert float(mismatch) < 1e-4 and abs(float(weight) - 1) < 1e-4  # same numerics
+    assert out.rstrip().endswith("OK")
+    if not torch.cuda.is_available():
+        assert check.main([]) == 2
 
 
 def test_validate_sh_parses():
