@@ -2,6 +2,7 @@ r"""Agentic GRPO on CPU: a tiny model learns to use a calculator tool over sever
 
     python cookbook/agentic/grpo_calculator.py                      # synchronous
     python cookbook/agentic/grpo_calculator.py --max-staleness 1    # the same run, async
+    python cookbook/agentic/grpo_calculator.py --max-staleness 1 --loss DecoupledPPOLoss
 
 The task is twinkle.env's bundled one: "7 * 12 = ?" for operands 2..12, with a
 ``calculator`` tool; 97 products to train on, 24 held out. A turn that calls the tool gets
@@ -18,7 +19,11 @@ on held-out products it succeeds only through the tool.
    Rollouts come from ``AsyncRollouts``: ``--max-staleness 0`` (the default) is the
    synchronous loop; ``k > 0`` samples the next batches while the trainer trains, on
    weights at most k steps old (GRPOLoss's ratio against the sampler's logprobs is the
-   importance correction; PolicyMetric reports it).
+   importance correction; PolicyMetric reports it). ``--loss DecoupledPPOLoss`` keeps the
+   stale sampler (the behaviour policy, ``old_logps``) apart from the trainer's weights
+   before the update (the proximal policy, ``model.policy_logps``): the clip is centred on
+   the trainer's policy and the staleness is corrected by a truncated importance weight
+   (``policy/is_weight_mean``, ``is_truncated_fraction``).
 
 Honest about what it shows: RL mostly selects a behaviour the warm start has (calling the
 tool), and sharpens the copying the tool loop needs; held-out success is the mean reward of
@@ -63,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks-per-step", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--max-staleness", type=int, default=0)
+    parser.add_argument("--loss", choices=("GRPOLoss", "DecoupledPPOLoss"), default="GRPOLoss")
     parser.add_argument("--turn-tokens", type=int, default=64, help="a tool call takes ~50")
     parser.add_argument("--eval-samples", type=int, default=4, help="per held-out task")
     parser.add_argument("--eval-every", type=int, default=0, help="0: before and after only")
@@ -129,7 +135,8 @@ def run_grpo(
     before = held_out_success(sampler, held_out, args)
     logger.info(f"held-out success after SFT: {before:.3f}")
 
-    model.set_loss("GRPOLoss", epsilon=0.2)
+    decoupled = args.loss == "DecoupledPPOLoss"
+    model.set_loss(args.loss, epsilon=0.2)
     model.set_optimizer("AdamW", lr=args.grpo_lr)
     advantage_fn = GRPOAdvantage()
     rollout = build_rollout(sampler, SamplingParams(max_tokens=args.turn_tokens, temperature=1.0))
@@ -141,7 +148,7 @@ def run_grpo(
     def sync_weights() -> None:
         ckpt_manager.sync_weights(merge_and_sync=True)
 
-    curve, eval_s, staleness, ratios = [(0.0, before)], 0.0, [], []
+    curve, eval_s, staleness, ratios, weights = [(0.0, before)], 0.0, [], [], []
     start = time.perf_counter()
     steps, k = args.grpo_steps, args.max_staleness
     with AsyncRollouts(produce, sync_weights, k, num_batches=steps) as rollouts:
@@ -150,17 +157,27 @@ def run_grpo(
             trajectories = batch.data
             rewards = [t.reward for t in trajectories]
             advantages = advantage_fn(rewards, num_generations=args.num_generations, scale="group")
+            features = [t.input_feature() for t in trajectories]
+            # Decoupled PPO: the proximal policy is the trainer's, just before this update.
+            extra = {"prox_logps": model.policy_logps(features)} if decoupled else {}
             model.forward_backward(
-                inputs=[t.input_feature() for t in trajectories],
+                inputs=features,
                 old_logps=[t.sampled_logprobs() for t in trajectories],
                 advantages=advantages.tolist(),
+                **extra,
             )
             model.clip_grad_and_step()
             rollouts.publish()
             staleness.append(batch.staleness)
             metrics = model.calculate_metric(is_training=True)
             ratios.append((metrics["policy/ratio_min"], metrics["policy/ratio_max"]))
-            shown = {k: round(v, 3) for k, v in metrics.items() if k.startswith("policy/ratio")}
+            if decoupled:
+                weights.append((metrics["policy/is_weight_mean"], metrics["policy/is_weight_max"]))
+            shown = {
+                k: round(v, 3)
+                for k, v in metrics.items()
+                if k.startswith(("policy/ratio", "policy/is_"))
+            }
             logger.info(
                 f"grpo step {step}: reward {sum(rewards) / len(rewards):.3f}, staleness "
                 f"{batch.staleness}, {shown}"
@@ -182,6 +199,7 @@ def run_grpo(
         "trainer_idle_fraction": rollouts.trainer_wait_s / max(grpo_s, 1e-9),
         "staleness": staleness,
         "ratio_range": ratios,
+        "is_weights": weights,  # DecoupledPPOLoss: (mean, max) per step
         "curve": curve,
         "dropped": rollouts.dropped,
     }

@@ -9,10 +9,15 @@ from pathlib import Path
 RECIPE = Path(__file__).resolve().parents[3] / "cookbook" / "agentic" / "grpo_calculator.py"
 
 
-def test_agentic_grpo_runs_asynchronously_within_the_staleness_bound():
+def load_recipe():
     spec = importlib.util.spec_from_file_location("grpo_calculator", RECIPE)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
+    return recipe
+
+
+def test_agentic_grpo_runs_asynchronously_within_the_staleness_bound():
+    recipe = load_recipe()
     argv = ["--sft-steps", "10", "--grpo-steps", "3", "--tasks-per-step", "2"]
     argv += ["--num-generations", "2", "--max-staleness", "1", "--eval-samples", "1"]
     result = recipe.main(argv)
@@ -27,3 +32,23 @@ def test_agentic_grpo_runs_asynchronously_within_the_staleness_bound():
         round(result["after"], 6),
     ]
     assert 0 <= result["trainer_idle_fraction"] <= 1
+
+
+def test_decoupled_ppo_weighs_batches_by_the_trainer_s_policy_before_the_update():
+    """With DecoupledPPOLoss the proximal logps are the trainer's weights before the update
+    (model.policy_logps), so with one update per batch the behaviour-to-proximal weights
+    are the ratios to the sampler itself: 1 on a batch the trained weights sampled (up to
+    the sampler's numerics), and whatever the staleness made them on a stale one. (This
+    shortened run's rewards are all 0, so its policy does not move; the loss's arithmetic
+    on stale batches is tested in twinkle-models' test_loss_decoupled.)"""
+    argv = ["--sft-steps", "10", "--grpo-steps", "3", "--tasks-per-step", "2"]
+    argv += ["--num-generations", "2", "--max-staleness", "1", "--eval-samples", "1"]
+    result = load_recipe().main([*argv, "--loss", "DecoupledPPOLoss"])
+    assert set(result["staleness"]) == {0, 1} and result["dropped"] == 0
+    assert len(result["is_weights"]) == 3
+    steps = zip(result["staleness"], result["is_weights"], result["ratio_range"], strict=True)
+    for staleness, (mean, top), (_, ratio_max) in steps:
+        assert 0 < mean <= top <= 5.0  # the default truncation
+        assert abs(top - min(ratio_max, 5.0)) < 1e-3 * top
+        if staleness == 0:
+            assert abs(mean - 1) < 1e-3 and abs(top - 1) < 1e-3
