@@ -11,6 +11,12 @@ returns' variance by the end.
 GKD: a teacher 2.9x the student's size taught the task (60 SFT steps), then 10 on-policy
 GKD steps bring the untrained student's KL(student || teacher) on the held-out answers down
 by more than a fifth (measured, seed 0: 8.13 -> 5.22).
+On-policy distillation (reverse KL as the advantage): after the same teacher and 10 SFT
+steps of the student, 10 steps lower the student's held-out KL to the teacher at both
+evaluations (steps 5 and 10), by more than 2.5% in all (measured 2026-12-02 with these
+arguments, 10 steps: seed 0 7.77 -> 7.66 -> 7.40, 4.8%; seed 1 8.10 -> 7.46, 7.9%; seed 2
+8.21 -> 7.71, 6.1%; seed 3 7.55 -> 6.92, 8.4%; seed 0 gives the same figures run after
+another seed in one process).
 """
 
 import importlib.util
@@ -58,3 +64,11 @@ def test_gkd_lowers_the_held_out_kl_to_the_teacher():
     curve = recipe.main(["--teacher-steps", "60", "--steps", "10"])["held_out_kl"]
     assert curve[-1] < 0.8 * curve[0], curve
     assert curve[1] < curve[0], curve
+
+
+def test_on_policy_distillation_lowers_the_held_out_kl_to_the_teacher():
+    recipe = load("distil_arithmetic")
+    argv = ["--method", "reverse-kl", "--teacher-steps", "60", "--steps", "10", "--seed", "0"]
+    curve = recipe.main(argv)["held_out_kl"]
+    assert len(curve) == 3 and curve[2] < curve[1] < curve[0], curve
+    assert curve[-1] < 0.975 * curve[0], curve
