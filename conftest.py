@@ -35,6 +35,7 @@ SLOW_TESTS = (
     "packages/twinkle-rl/tests/test_cookbook_rl.py::test_gkd_lowers_the_held_out_kl",  # 83
     "packages/twinkle-rl/tests/test_cookbook_rl.py::test_on_policy_distillation_",  # 6 to 15
     "packages/twinkle-rl/tests/test_cookbook_agentic.py::test_decoupled_ppo_",  # 113
+    "packages/twinkle-kit/tests/test_gpu_validation_scripts.py::test_the_agentic_check_",  # 31
     "packages/twinkle-models/tests/test_embedding_minilm.py::test_training_pulls_held_out_pairs",
     "packages/twinkle-models/tests/test_padding_free.py::test_packed_training_equals_padded_"
     "training[qwen3_5_text",  # 77 and 56, its other families stay fast
