@@ -23,11 +23,21 @@ def test_a_mesh_sized_for_more_processes_than_run_is_refused_with_the_launch_com
         model.set_optimizer("AdamW")
 
 
-def test_a_pipeline_parallel_mesh_is_refused():
-    """Tensor and context parallel run on TransformersModel (test_tensor_parallel,
-    test_context_parallel); pipeline parallel does not yet."""
-    with pytest.raises(ValueError, match="pp=2: pipeline parallel needs MegatronModel"):
-        check_mesh(DeviceMesh.from_sizes(pp_size=2, dp_size=1, device_type="cpu"))
+@pytest.mark.parametrize(
+    ("sizes", "named"),
+    [
+        ({"pp_size": 2, "tp_size": 2}, "tp_size"),
+        ({"pp_size": 2, "dp_size": 2, "ulysses_size": 2}, "ulysses_size"),
+        ({"pp_size": 2, "dp_size": 2, "ep_size": 2}, "ep_size"),
+    ],
+)
+def test_pipeline_parallel_with_tp_ulysses_or_ep_is_refused(sizes, named):
+    """Pipeline parallel runs on TransformersModel over dp and fsdp (test_pipeline_parallel);
+    with the other dimensions not yet."""
+    with pytest.raises(
+        ValueError, match=f"pipeline parallel combines with dp and fsdp, not with {named}"
+    ):
+        check_mesh(DeviceMesh.from_sizes(**sizes, device_type="cpu"))
 
 
 def test_one_process_gets_a_plan_that_wraps_nothing_and_enables_checkpointing():

@@ -52,12 +52,12 @@ from twinkle.model.transformers.moe.expert_checkpoint import (
 from twinkle.model.transformers.strategy import ParallelPlan
 from twinkle.model.transformers.strategy.state_dict import (
     check_sharded_optimizer,
-    full_model_state_dict,
     load_full_model_state_dict,
     load_sharded_optimizer,
     save_sharded_optimizer,
 )
 from twinkle.model.transformers.weights import (
+    embedding_policy,
     load_adapter_weights,
     load_full_weights,
     read_adapter_weights,
@@ -122,7 +122,12 @@ class CheckpointingMixin:
         plan = self._distributed_plan()
         sharded = self._sharded_checkpoint()
         # Collectives: the whole tensors (every expert too) arrive on rank 0, the writer.
-        weights = full_model_state_dict(self.model) if sharded else None
+        weights = plan.full_state_dict() if sharded else None
+        adapter_tensors = None
+        if plan is not None and plan.pipeline is not None and record.kind == "adapter":
+            adapter_tensors = plan.pipeline.adapter_tensors(
+                state.name, embedding_policy(self.model, state.name)
+            )
         if sharded and record.kind == "full" and uses_expert_parallel(self.model):
             experts = gather_expert_weights(self.model)
             if weights:  # rank 0's; the other ranks' dicts are empty
@@ -132,13 +137,17 @@ class CheckpointingMixin:
         ) as (folder, writer):
             if writer and record.kind == "adapter":
                 record.adapter_name = state.name
-                record.adapter_config = save_adapter(self.model, state.name, folder, weights)
+                record.adapter_config = save_adapter(
+                    self.model, state.name, folder, weights, tensors=adapter_tensors
+                )
             elif writer:
                 save_full(self._hf_model(), folder, self.model_dir, state_dict=weights)
             if save_optimizer and state.optimizer is not None:
                 record.optimizer = type(state.optimizer).__name__
                 if sharded:
-                    save_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
+                    save_sharded_optimizer(
+                        self.model, state.optimizer, folder / OPTIMIZER_DIR, plan.optimizer_key
+                    )
                     record.optimizer_ranks = dist.get_world_size()
                 elif writer:
                     torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
@@ -324,7 +333,8 @@ class CheckpointingMixin:
                     f"{here}: resume on the mesh it was saved on, or pass "
                     f"resume_only_model=True to restore the weights alone"
                 )
-            check_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
+            key = self._distributed_plan().optimizer_key
+            check_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR, key)
             saved["optimizer"] = SHARDED
         elif record.optimizer is not None:
             saved["optimizer"] = load_state_dict(folder / OPTIMIZER_FILE)
@@ -355,8 +365,9 @@ class CheckpointingMixin:
     def _load_sharded_weights(self, folder: Path, target: str) -> None:
         """Whole tensors from the folder into the shards of this rank (every rank reads)."""
         current = set(self.model.state_dict())
+        plan = self._distributed_plan()
         if target == FULL_MODEL:
-            weights = read_full_weights(folder)
+            weights = plan.own_weights(read_full_weights(folder))
             unexpected = sorted(set(weights) - current)
             if unexpected:
                 raise CheckpointError(
@@ -366,7 +377,7 @@ class CheckpointingMixin:
                 )
             weights = local_expert_weights(self.model, weights)
         else:
-            saved = read_adapter_weights(self.model, target, folder)
+            saved = read_adapter_weights(self.model, target, folder, part=plan.pipeline is not None)
             # peft saves 'lora_A.weight' for the module key 'lora_A.<adapter>.weight'.
             infix = f".{target}."
             by_saved_name = {k.replace(infix, ".", 1): k for k in current if infix in k}
@@ -377,7 +388,8 @@ class CheckpointingMixin:
         self, folder: Path, record: CheckpointRecord, state: TrainState, saved: dict[str, Any]
     ) -> None:
         if saved["optimizer"] == SHARDED:
-            load_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR)
+            key = self._distributed_plan().optimizer_key
+            load_sharded_optimizer(self.model, state.optimizer, folder / OPTIMIZER_DIR, key)
             state.optimizer.zero_grad(set_to_none=True)
         elif saved["optimizer"] is not None:
             state.optimizer.load_state_dict(saved["optimizer"])

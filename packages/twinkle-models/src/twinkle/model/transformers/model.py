@@ -50,6 +50,7 @@ from twinkle.model.transformers.router_aux_loss import (
 )
 from twinkle.model.transformers.scoring import ScoringMixin
 from twinkle.model.transformers.strategy import ParallelPlan, parallelize
+from twinkle.model.transformers.strategy.pipeline_step import pipeline_pass, refuse_three_calls
 from twinkle.model.unit_random import derived_seed, seeded
 from twinkle.module import build_lr_scheduler, build_optimizer
 from twinkle.patch import apply_for_batch, is_packed_batch
@@ -89,8 +90,11 @@ class TransformersModel(
     Under torchrun the device mesh picks the strategy (``strategy.parallelize``): DDP for
     dp alone, FSDP2 for fsdp, HSDP for both; ``expert_parallel`` (an
     ``ExpertParallelConfig``) and ``sequence_parallel`` (a ``SequenceParallelConfig``)
-    configure the mesh's ``ep_size`` and ``ulysses_size``. Losses are normalised by the
-    token count of the whole global batch, so every strategy trains like one process.
+    configure the mesh's ``ep_size`` and ``ulysses_size``; a mesh with ``pp_size`` splits
+    the decoder into pipeline stages (``pipeline_parallel``: a ``PipelineConfig`` choosing the
+    schedule, the split and the micro-batches; see ``strategy.pipeline``). Losses are
+    normalised by the token count of the whole global batch, so every strategy trains like
+    one process.
 
     ``compile=True`` (or a dict of ``torch.compile`` keyword arguments) compiles each decoder
     layer in place (``transformers.compile``): on one process and under DDP; elsewhere, or
@@ -119,6 +123,7 @@ class TransformersModel(
         ddp_config: Mapping[str, Any] | None = None,
         expert_parallel: Any = None,
         sequence_parallel: Any = None,
+        pipeline_parallel: Any = None,
         compile: bool | Mapping[str, Any] = False,
         routing_replay: bool = False,
         **from_pretrained_kwargs: Any,
@@ -148,6 +153,7 @@ class TransformersModel(
             self._compiled = CompiledLayers(model, options, strategy)
         self.gradient_checkpointing = gradient_checkpointing
         self.expert_parallel, self.sequence_parallel = expert_parallel, sequence_parallel
+        self.pipeline_parallel = pipeline_parallel
         self._plan: ParallelPlan | None = None
         self._packing = AutoPacking()
         # Trainable units whose last backward left its gradients unreduced (accumulating).
@@ -184,6 +190,7 @@ class TransformersModel(
                 ddp_config=self.ddp_config,
                 expert_parallel=self.expert_parallel,
                 sequence_parallel=self.sequence_parallel,
+                pipeline=self.pipeline_parallel,
             )
         return self._plan
 
@@ -522,6 +529,10 @@ class TransformersModel(
         self._train_mode()
         if state.window_start is None:
             state.window_start = time.perf_counter()
+        if self._parallel().pipeline is not None:
+            return pipeline_pass(
+                self, state, inputs, task, micro_batch_size, loss_kwargs, train=True
+            )
         if self._is_idle_share(inputs, "forward_backward"):
             self._idle_backward(state)
             return ModelOutput(logps=torch.empty(0, 0), num_tokens=0.0)
@@ -589,6 +600,8 @@ class TransformersModel(
         self, inputs: Any, *, adapter_name: str | None = None, routing_replay: bool | None = None
     ) -> ModelOutput:
         """Forward with gradients; the outputs wait for ``calculate_loss`` and ``backward``."""
+        if self._parallel().pipeline is not None:
+            refuse_three_calls("forward")
         state = self._state(adapter_name)
         self._train_mode()
         if state.window_start is None:
@@ -613,6 +626,8 @@ class TransformersModel(
     def calculate_loss(self, *, adapter_name: str | None = None, **loss_kwargs: Any) -> float:
         """The loss of the last ``forward`` or ``forward_only`` (its mean over the
         normaliser), kept for backward (after ``forward`` only)."""
+        if self._parallel().pipeline is not None:
+            refuse_three_calls("calculate_loss")
         state = self._state(adapter_name)
         if state.pending_forward is None:
             raise ValueError(
@@ -663,6 +678,8 @@ class TransformersModel(
         self.model.eval()
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None
+        if self._parallel().pipeline is not None:
+            return pipeline_pass(self, state, inputs, task, None, loss_kwargs, train=False)
         if self._is_idle_share(inputs, "forward_only"):
             return ModelOutput(logps=torch.empty(0, 0), num_tokens=0.0)
         if self._check_task(task) == "embedding":

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.utils.other import EMBEDDING_LAYER_NAMES
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from twinkle.model.checkpoint import ADAPTER_FILES, CheckpointError, full_weight_files
@@ -54,9 +54,13 @@ def save_adapter(
     adapter_name: str,
     folder: Path,
     state_dict: dict[str, torch.Tensor] | None = None,
+    *,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Write one adapter's weights and config into ``folder``; returns the config as JSON.
-    ``state_dict`` (the model's, gathered from shards) replaces the model's own tensors."""
+    ``state_dict`` (the model's, gathered from shards) replaces the model's own tensors;
+    ``tensors`` (keyed as peft saves them, gathered from pipeline stages, each of which holds
+    only its own layers' modules, which peft's filter keeps to) replace the tensors file."""
     scratch = folder / ".peft"
     extra: dict[str, Any] = {"save_embedding_layers": embedding_policy(model, adapter_name)}
     if state_dict is not None:
@@ -66,6 +70,8 @@ def save_adapter(
     written = scratch if adapter_name == "default" else scratch / adapter_name
     for name in ADAPTER_FILES:
         (written / name).replace(folder / name)
+    if tensors is not None:
+        save_file(tensors, folder / ADAPTER_FILES[1], metadata={"format": "pt"})
     shutil.rmtree(scratch)
     return json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
 
@@ -87,11 +93,13 @@ def load_adapter_weights(model: PeftModel, adapter_name: str, folder: Path) -> N
 
 
 def read_adapter_weights(
-    model: PeftModel, adapter_name: str, folder: Path
+    model: PeftModel, adapter_name: str, folder: Path, *, part: bool = False
 ) -> dict[str, torch.Tensor]:
     """A saved adapter's tensors (keyed as peft saves them), once checked against the adapter
     ``adapter_name``: the saved LoRA config must agree with the adapter's on everything that
-    changes the computation, and the saved tensors must be exactly the adapter's.
+    changes the computation, and the saved tensors must be exactly the adapter's. With
+    ``part`` the model holds some of the layers (a pipeline stage): the saved tensors must
+    include its adapter's, and only those are returned.
     """
     saved_config = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8"))
     current = _comparable(model.peft_config[adapter_name].to_dict())
@@ -111,6 +119,8 @@ def read_adapter_weights(
             save_embedding_layers=embedding_policy(model, adapter_name),
         )
     )
+    if part and expected <= set(weights):
+        return {k: v for k, v in weights.items() if k in expected}
     if set(weights) != expected:
         raise CheckpointError(
             f"{folder / ADAPTER_FILES[1]} does not hold adapter {adapter_name!r}'s tensors: "

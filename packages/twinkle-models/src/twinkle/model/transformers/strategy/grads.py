@@ -45,11 +45,14 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     return torch.stack([s.to(squares[0].device) for s in squares]).sum().sqrt()
 
 
-def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(
+    params: Iterable[torch.nn.Parameter], max_norm: float, *, norm: float | None = None
+) -> float:
     """Scale every gradient so their global norm is at most ``max_norm``; returns the norm
-    before clipping. Same coefficient as ``torch.nn.utils.clip_grad_norm_``."""
+    before clipping. Same coefficient as ``torch.nn.utils.clip_grad_norm_``. ``norm``: the
+    global norm when the caller computed it (pipeline stages combine theirs)."""
     params = [p for p in params if p.grad is not None]
-    total = float(global_grad_norm(params))
+    total = float(global_grad_norm(params)) if norm is None else norm
     coefficient = max_norm / (total + 1e-6)
     if coefficient < 1.0:
         for param in params:

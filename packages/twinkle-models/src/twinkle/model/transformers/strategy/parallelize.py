@@ -23,18 +23,24 @@ from twinkle.model.transformers.strategy.context_parallel import ContextParallel
 from twinkle.model.transformers.strategy.ddp import apply_ddp, set_ddp_gradient_sync
 from twinkle.model.transformers.strategy.fsdp import apply_fsdp, set_fsdp_gradient_sync
 from twinkle.model.transformers.strategy.grads import clip_grad_norm
+from twinkle.model.transformers.strategy.pipeline import (
+    PipelineConfig,
+    PipelinePlan,
+    check_pipeline,
+)
 from twinkle.model.transformers.strategy.sequence_parallel import (
     SequenceParallelStrategy,
     SequenceShard,
 )
+from twinkle.model.transformers.strategy.state_dict import full_model_state_dict
 from twinkle.model.transformers.strategy.tensor_parallel import (
     TensorParallel,
     apply_tensor_parallel,
     check_tensor_parallel,
 )
 
-SUPPORTED_DIMS = ("dp", "fsdp", "cp", "tp")
-KINDS = ("single", "ddp", "fsdp", "hsdp", "tp")
+SUPPORTED_DIMS = ("pp", "dp", "fsdp", "cp", "tp")
+KINDS = ("single", "ddp", "fsdp", "hsdp", "tp", "pp")
 
 
 class ParallelPlan:
@@ -43,7 +49,9 @@ class ParallelPlan:
     ``run(unit, fn, ...)`` runs a forward through the strategy's root so DDP or FSDP
     hooks see it; ``set_gradient_sync`` turns the gradient reduction of the next
     backward on or off; ``all_reduce_sum`` totals a number over the data-parallel ranks;
-    ``gradient_ranks`` is how many ranks DDP/FSDP average gradients over.
+    ``gradient_ranks`` is how many ranks DDP/FSDP average gradients over. Under pipeline
+    parallel ``pipeline`` (a ``PipelinePlan``) runs the micro-batches through the stages
+    and answers the hooks below for them.
 
     The model's training step asks the plan wherever a strategy changes what it computes:
     ``prepare_batch`` and ``finish_outputs`` / ``finish_router_logits`` around a forward
@@ -63,6 +71,7 @@ class ParallelPlan:
         ddp_config: Mapping[str, Any] | None = None,
         sequence_parallel: SequenceParallelStrategy | None = None,
         tensor_parallel: TensorParallel | None = None,
+        pipeline: PipelinePlan | None = None,
     ) -> None:
         self.model = model
         self.kind = kind
@@ -72,6 +81,7 @@ class ParallelPlan:
         self._ddp_roots: dict[str, nn.Module] = {}
         self.sequence_parallel = sequence_parallel
         self.tensor_parallel = tensor_parallel
+        self.pipeline = pipeline
 
     @property
     def distributed(self) -> bool:
@@ -79,11 +89,13 @@ class ParallelPlan:
 
     @property
     def sharded(self) -> bool:
-        """Whether weights are DTensors to gather for a checkpoint (FSDP2 or tp)."""
-        return self.kind in ("fsdp", "hsdp") or self.tensor_parallel is not None
+        """Whether weights are DTensors (FSDP2 or tp) or stages to gather for a checkpoint."""
+        return self.kind in ("fsdp", "hsdp", "pp") or self.tensor_parallel is not None
 
     @property
     def gradient_ranks(self) -> int:
+        if self.pipeline is not None:  # FSDP2 averages over the ranks holding a stage
+            return self.pipeline.data_ranks
         return dist.get_world_size(self.group) if self.distributed else 1
 
     def root(self, unit: str) -> nn.Module | None:
@@ -137,6 +149,8 @@ class ParallelPlan:
     def reports_metrics(self) -> bool:
         """Whether this rank counts its batch in the metrics: Ulysses peers hold one batch
         between them, and one of them counts it."""
+        if self.pipeline is not None:  # the last stage scores the batch
+            return self.pipeline.reports
         return self.sequence_parallel is None or self.sequence_parallel.rank == 0
 
     def global_tokens(self, local_tokens: float) -> float:
@@ -148,6 +162,8 @@ class ParallelPlan:
     def tokens_per_rank(self) -> float:
         """Each rank's share of a global token count of 1: what ``global_tokens`` totals to
         1 when every rank passes it (``step_with(normalise=False)``)."""
+        if self.pipeline is not None:  # global_tokens sums every rank's count
+            return 1 / dist.get_world_size()
         peers = self.sequence_parallel.size if self.sequence_parallel is not None else 1
         return peers / self.gradient_ranks
 
@@ -163,6 +179,8 @@ class ParallelPlan:
             experts = {id(p) for p in expert_parameters(self.model)}
             dense = [p for p in self.model.parameters() if id(p) not in experts]
             self.tensor_parallel.average_over_data(dense, self.group)
+        if self.pipeline is not None:  # a tied embedding's copies on the first and last stage
+            self.pipeline.reduce_tied_gradient()
 
     # ---- collectives ----------------------------------------------------------------------
 
@@ -182,7 +200,34 @@ class ParallelPlan:
         return total.to(value.device)
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
+        if self.pipeline is not None:  # the norm over every stage's gradients
+            return self.pipeline.clip_grad_norm(params, max_norm)
         return clip_grad_norm(params, max_norm)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    @property
+    def optimizer_key(self) -> str:
+        """The name of this rank's optimizer state in a sharded checkpoint: one per pipeline
+        stage (each steps other parameters)."""
+        if self.pipeline is None:
+            return "optimizer"
+        return f"optimizer_stage{self.pipeline.pp_rank}"
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's tensors on rank 0 ({} elsewhere), gathered from its shards and,
+        under pipeline parallel, from every stage (a collective)."""
+        if self.pipeline is not None:
+            return self.pipeline.full_state_dict()
+        return full_model_state_dict(self.model)
+
+    def own_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors of a whole checkpoint that this rank holds: a pipeline stage keeps its
+        own layers' (the others' keys are not in its model)."""
+        if self.pipeline is None:
+            return weights
+        current = set(self.model.state_dict())
+        return {k: v for k, v in weights.items() if k in current}
 
 
 def _hf_model(model: nn.Module) -> nn.Module:
@@ -205,10 +250,18 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
     ]
     if extra:
         raise ValueError(
-            f"TransformersModel parallelises over dp, fsdp, cp and tp (with ulysses_size and "
-            f"ep_size carved from dp × fsdp); this mesh also has {', '.join(extra)}: pipeline "
-            "parallel needs MegatronModel"
+            f"TransformersModel parallelises over pp, dp, fsdp, cp and tp (with ulysses_size "
+            f"and ep_size carved from dp × fsdp); this mesh also has {', '.join(extra)}: drop "
+            "them, or use MegatronModel"
         )
+    if device_mesh.size("pp") > 1:
+        others = [n for n in ("tp", "ulysses", "ep") if device_mesh.size(n) > 1]
+        if others:
+            raise ValueError(
+                f"TransformersModel's pipeline parallel combines with dp and fsdp, not with "
+                f"{', '.join(f'{n}_size' for n in others)} yet; use MegatronModel for pp with "
+                "tensor, sequence or expert parallel, or drop pp_size"
+            )
     if device_mesh.size("etp") > 1:
         raise ValueError(
             f"etp_size={device_mesh.etp_size}: TransformersModel keeps every expert whole (the "
@@ -251,6 +304,7 @@ def parallelize(
     ddp_config: Mapping[str, Any] | None = None,
     expert_parallel: Any = None,
     sequence_parallel: Any = None,
+    pipeline: PipelineConfig | None = None,
 ) -> ParallelPlan:
     """Apply the mesh's strategies to ``model`` (a Hugging Face model, peft-wrapped or not).
 
@@ -258,17 +312,23 @@ def parallelize(
     dp > 1, nothing on one process. FSDP2 shards the model in place: build the
     optimizer afterwards. ``expert_parallel`` and ``sequence_parallel`` are the
     ``ExpertParallelConfig`` and ``SequenceParallelConfig`` passed to those strategies
-    when the mesh has ``ep_size`` or ``ulysses_size`` > 1.
+    when the mesh has ``ep_size`` or ``ulysses_size`` > 1; ``pipeline`` the
+    ``PipelineConfig`` of a mesh with ``pp_size`` > 1 (``strategy.pipeline``).
     """
+    pipeline = pipeline or PipelineConfig()
     if device_mesh is not None:
         if device_mesh.size("tp") > 1:  # before any collective, so every rank says why
             tp, ulysses = device_mesh.size("tp"), device_mesh.size("ulysses")
             check_tensor_parallel(_hf_model(model).config, tp, ulysses)
+        if device_mesh.size("pp") > 1:
+            check_pipeline(_hf_model(model).config, device_mesh, pipeline)
         check_mesh(device_mesh)
     if device_mesh is None or device_mesh.world_size == 1:
         _enable_activation_checkpointing(model, gradient_checkpointing)
         return ParallelPlan(model, "single")
     broadcast_from_rank0(model)
+    if device_mesh.size("pp") > 1:
+        return _pipelined(model, device_mesh, pipeline, precision, gradient_checkpointing)
     if device_mesh.size("ep") > 1:
         from twinkle.model.transformers.moe.expert_parallel import apply_expert_parallel
 
@@ -316,6 +376,21 @@ def parallelize(
         ddp_config=ddp_config,
         sequence_parallel=sequence_strategy,
     )
+
+
+def _pipelined(
+    model: nn.Module,
+    device_mesh: DeviceMesh,
+    pipeline: PipelineConfig,
+    precision: str,
+    gradient_checkpointing: bool,
+) -> ParallelPlan:
+    """Pipeline stages over ``pp``, each sharded by FSDP2 over dp × fsdp."""
+    _enable_activation_checkpointing(model, gradient_checkpointing)
+    device = next(model.parameters()).device
+    stages = PipelinePlan(model, device_mesh, pipeline, device, precision)
+    stages.build()
+    return ParallelPlan(model, "pp", group=dist.group.WORLD, pipeline=stages)
 
 
 def _data_group(device_mesh: DeviceMesh) -> dist.ProcessGroup:

@@ -44,16 +44,18 @@ def load_full_model_state_dict(model: nn.Module, state: dict[str, torch.Tensor])
 
 
 def save_sharded_optimizer(
-    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, key: str = "optimizer"
 ) -> None:
-    """Write the optimizer state with torch.distributed.checkpoint (a collective)."""
+    """Write the optimizer state with torch.distributed.checkpoint (a collective). ``key``
+    names it in the checkpoint: pipeline stages each save under their own (their parameter
+    groups differ, and torch.distributed.checkpoint keeps one copy of what is not a tensor)."""
     state = get_optimizer_state_dict(model, optimizer)
     qualify_expert_keys(model, state)
-    dcp.save({"optimizer": state}, checkpoint_id=folder)
+    dcp.save({key: state}, checkpoint_id=folder)
 
 
 def check_sharded_optimizer(
-    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, key: str = "optimizer"
 ) -> None:
     """Every parameter ``optimizer`` steps has state in ``folder``, checked before a resume
     changes anything: another expert-parallel layout names the experts' state otherwise,
@@ -62,7 +64,7 @@ def check_sharded_optimizer(
     qualify_expert_keys(model, state)
     saved = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     prefixes = {name.rsplit(".", 1)[0] for name in saved}
-    missing = [name for name in state["state"] if f"optimizer.state.{name}" not in prefixes]
+    missing = [name for name in state["state"] if f"{key}.state.{name}" not in prefixes]
     if missing:
         raise CheckpointError(
             f"{folder} holds no optimizer state for {', '.join(missing[:3])}"
@@ -73,11 +75,11 @@ def check_sharded_optimizer(
 
 
 def load_sharded_optimizer(
-    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path
+    model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, key: str = "optimizer"
 ) -> None:
     """Restore what ``save_sharded_optimizer`` wrote, on the same mesh (a collective)."""
     state = get_optimizer_state_dict(model, optimizer)
     qualify_expert_keys(model, state)
-    dcp.load({"optimizer": state}, checkpoint_id=folder)
+    dcp.load({key: state}, checkpoint_id=folder)
     qualify_expert_keys(model, state, undo=True)
     set_optimizer_state_dict(model, optimizer, state)

@@ -1,0 +1,145 @@
+"""Pipeline parallel on TransformersModel under torchrun on CPU (gloo) trains exactly like one
+process: pp=2 (LoRA with GPipe, full with 1F1B), pp=2 × vpp=2 (interleaved 1F1B on a
+four-layer model) and pp=2 × dp=2 (FSDP2 inside each stage): three steps give the same
+losses, metrics and weights. Plus checkpoints (one gathered HF / peft folder that loads in
+one process; a resume on the same mesh continues bit for bit) and the bad sizes refused at
+setup.
+
+Tolerances, float32: losses rel 1e-6, weights abs 1e-5 (only the summation order differs:
+micro-batches, padded rows against the single process's packed ones).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from twinkle import DeviceMesh
+from twinkle.model import TransformersModel
+from twinkle.model.transformers.strategy.pipeline import PipelineConfig
+from twinkle.model.transformers.strategy.pipeline_split import stage_layers
+
+SCRIPT = Path(__file__).parent / "scripts" / "pipeline_train.py"
+PROCESSES = {"pp": 2, "pp_dp": 4}
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("pipeline_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """The same functions in this one process, without a mesh."""
+    script = load_script()
+    return {
+        "lora": script.train("lora", None),
+        "full": script.train("full", None),
+        "vpp": script.train("full", None, config=script.four_layers()),
+    }
+
+
+def assert_close_tensors(got: dict, expected: dict, *, atol: float = 0):
+    assert set(got) == set(expected) and expected
+    for name, tensor in expected.items():
+        diff = float((got[name] - tensor).abs().max())
+        assert diff <= atol, f"{name}: differs by {diff:.3g} (bound {atol:.3g})"
+
+
+def check_run(got: dict, expected: dict) -> None:
+    assert got["losses"] == pytest.approx(expected["losses"], rel=1e-6)
+    assert_close_tensors(got["weights"], expected["weights"], atol=1e-5)
+    last, expected_last = got["metrics"][-1], expected["metrics"][-1]
+    assert last["tokens"] == expected_last["tokens"]
+    assert last["token_accuracy"] == pytest.approx(expected_last["token_accuracy"], abs=1e-9)
+    assert last["grad_norm"] == pytest.approx(expected_last["grad_norm"], rel=1e-4)
+    assert got["eval_loss"] == pytest.approx(expected["eval_loss"], rel=1e-6)
+    if "tied_diff" in got:  # full training moved the tied embedding; both copies alike
+        assert got["tied_diff"] == 0
+
+
+@pytest.mark.parametrize("case", list(PROCESSES))
+def test_pipeline_trains_like_one_process(case, reference, tmp_path, torchrun):
+    torchrun(SCRIPT, case, tmp_path, procs=PROCESSES[case], timeout=600)
+    result = torch.load(tmp_path / f"{case}.pt", weights_only=False)
+    for kind in ("lora", "full"):
+        check_run(result[kind], reference[kind])
+    if case == "pp":
+        check_run(result["vpp"], reference["vpp"])
+        check_checkpoints(result["resume"])
+        check_errors(result["errors"])
+
+
+def check_errors(errors: dict) -> None:
+    assert "micro_batch_size=3 must divide the 4 rows" in errors["micro_batch_size"]
+    assert "5 micro-batches are not a multiple of 2 rounds" in errors["rounds"]
+    for call in ("forward", "calculate_loss"):
+        assert f"{call} does not run under pipeline parallel" in errors[call]
+
+
+def check_checkpoints(resume: dict) -> None:
+    # Same mesh: the resumed run continues exactly where the saved one went on.
+    assert resume["resumed"] == resume["uninterrupted"]
+    assert_close_tensors(resume["weights_resumed"], resume["weights_uninterrupted"])
+    assert resume["progress"] == {"consumed_train_samples": 8, "step": 1}
+    # The full model's folder, gathered from both stages, is a plain HF folder ...
+    plain = AutoModelForCausalLM.from_pretrained(resume["full_path"]).state_dict()
+    full = resume["full_weights"]
+    assert_close_tensors({k: plain[k] for k in full}, full)
+    # ... that loads back into the pipelined model (every stage its own layers).
+    assert_close_tensors(resume["full_reloaded"], full)
+    # The adapter folder is one peft folder, loadable in one process.
+    lora = TransformersModel("bundled://tiny-qwen3", device="cpu")
+    lora.add_adapter_to_model("default", resume["adapter_path"])
+    params = dict(lora.model.named_parameters())
+    step1 = resume["weights_step1"]
+    assert_close_tensors({k: params[k].detach() for k in step1}, step1)
+
+
+def test_split_balances_parameters_and_honours_an_explicit_split():
+    # A heavy embedding: the first stage takes fewer layers.
+    assert stage_layers([10] * 6, 2, None, first_extra=40) == [range(0, 1), range(1, 6)]
+    assert stage_layers([10] * 6, 3, None) == [range(0, 2), range(2, 4), range(4, 6)]
+    assert stage_layers([10] * 4, 2, None, split=[1, 3]) == [range(0, 1), range(1, 4)]
+    assert stage_layers([10] * 8, 2, 2) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "split", "message"),
+    [
+        ({"pp_size": 4}, None, "pp_size=4 is larger than the model's 2 decoder layers"),
+        ({"pp_size": 2, "vpp_size": 2}, None, "vpp_size=2 does not divide the 1 layers per"),
+        ({"pp_size": 2}, (2, 1), "split=[2, 1] holds 3 layers but the model has 2"),
+    ],
+)
+def test_bad_sizes_are_refused_at_setup(sizes, split, message):
+    mesh = DeviceMesh.from_sizes(**sizes, device_type="cpu")
+    model = TransformersModel(
+        "bundled://tiny-qwen3",
+        device="cpu",
+        device_mesh=mesh,
+        pipeline_parallel=PipelineConfig(split=split),
+    )
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        model.set_optimizer("AdamW")
+
+
+def test_family_without_a_layout_and_unknown_schedule_are_refused():
+    mesh = DeviceMesh.from_sizes(pp_size=2, device_type="cpu")
+    moe = TransformersModel("bundled://tiny-qwen3-moe", device="cpu", device_mesh=mesh)
+    with pytest.raises(ValueError, match="no pipeline layout for 'qwen3_moe'.*llama, qwen2, qwen3"):
+        moe.set_optimizer("AdamW")
+    model = TransformersModel(
+        "bundled://tiny-qwen3",
+        device="cpu",
+        device_mesh=mesh,
+        pipeline_parallel=PipelineConfig(schedule="Interleaved1F1B"),
+    )
+    with pytest.raises(ValueError, match="does not run one stage per rank.*GPipe, 1F1B"):
+        model.set_optimizer("AdamW")
