@@ -17,6 +17,7 @@ GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
    sync), and the largest staleness trained on.
 
     .venv/bin/python benchmarks/bench_agentic.py [--repeats 3] [--sft-steps 600]
+    .venv/bin/python benchmarks/bench_agentic.py --parts rollout --repeats 5   # 1. only
 
 On this machine the producer is a thread sharing 2 cores with the trainer (and with
 whoever else runs): the async figures measure that, not a cluster where the sampler has
@@ -41,6 +42,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
+import numpy as np  # noqa: E402
 from provenance import commit  # noqa: E402
 
 from twinkle.checkpoint_engine import CheckpointEngineManager  # noqa: E402
@@ -60,6 +62,13 @@ def load_recipe():
     return module
 
 
+def turn_seed(turn: int) -> int:
+    """The seed MultiTurnRollout gives a turn's (first) sampler call, so both loops sample
+    the same tokens wherever the re-encoded conversation is the appended token list."""
+    words = np.random.SeedSequence([PARAMS.seed, turn, 0])
+    return int(words.generate_state(1, np.uint64)[0] >> np.uint64(2))
+
+
 def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> int:
     """The loop without MultiTurnRollout; returns the sampled tokens it generated."""
     envs = EnvPool(ArithmeticToolEnv, describe_tools=False, max_workers=1)
@@ -70,7 +79,7 @@ def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> in
         if not conversations:
             break
         live = list(conversations)
-        params = SamplingParams(**{**PARAMS.to_dict(), "seed": PARAMS.seed + turn})
+        params = SamplingParams(**{**PARAMS.to_dict(), "seed": turn_seed(turn)})
         responses = sampler.sample([{"messages": conversations[i]} for i in live], params)
         actions = {}
         for index, response in zip(live, responses, strict=True):
@@ -108,14 +117,23 @@ def bench_rollout(recipe, sampler, repeats: int) -> dict:
         return hand_written_rollout(sampler, held_out, 4, max_turns=3)
 
     ours(), theirs()  # warm-up
-    rates: dict[str, list[float]] = {"MultiTurnRollout": [], "hand-written": []}
+    names = ("MultiTurnRollout", "hand-written")
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
         for name, fn in (("MultiTurnRollout", ours), ("hand-written", theirs)):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             tokens = fn()
             rates[name].append(tokens / (time.perf_counter() - start))
+            cpu_rates[name].append(tokens / (time.process_time() - cpu_start))
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    return {**medians, "ratio": medians["MultiTurnRollout"] / medians["hand-written"]}
+    cpu = {name: statistics.median(values) for name, values in cpu_rates.items()}
+    return {
+        **medians,
+        "ratio": medians["MultiTurnRollout"] / medians["hand-written"],
+        "cpu": cpu,  # tokens per CPU second of this process: less swayed by a loaded machine
+        "cpu_ratio": cpu["MultiTurnRollout"] / cpu["hand-written"],
+    }
 
 
 def bench_async(recipe, args) -> dict:
@@ -151,13 +169,22 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--grpo-steps", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=3)
+    parser.add_argument("--parts", default="rollout,async", help="rollout, async or both")
     args, _ = parser.parse_known_args()  # bench-rl passes its arguments to every script
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"rollout", "async"}:
+        parser.error(f"--parts takes rollout, async or both, got {args.parts!r}")
     recipe = load_recipe()
 
-    result = bench_async(recipe, args)
+    if "async" in parts:
+        result = bench_async(recipe, args)
+        model = result["model"]
+    else:  # the same warm start as the async part's, without its GRPO runs
+        base = recipe.parse_args(["--sft-steps", str(args.sft_steps)])
+        model = recipe.warm_start(base, random.Random(0), arithmetic_tasks("train"))
     sampler = TorchSampler(model_id="bundled://tiny-qwen3")
     sampler.set_template("Qwen3_5Template")
-    CheckpointEngineManager(model=result["model"], sampler=sampler).sync_weights()
+    CheckpointEngineManager(model=model, sampler=sampler).sync_weights()
     rollout = bench_rollout(recipe, sampler, args.repeats)
 
     print(
@@ -165,11 +192,17 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"commit {commit()})\n"
     )
-    print("| rollout (warm-started tiny model, 24 tasks x 4, <= 3 turns) | sampled tokens/s |")
-    print("| --- | --- |")
+    print(
+        "| rollout (warm-started tiny model, 24 tasks x 4, <= 3 turns) | sampled tokens/s | "
+        "per CPU second |"
+    )
+    print("| --- | --- | --- |")
     for name in ("MultiTurnRollout", "hand-written"):
-        print(f"| {name} | {rollout[name]:.0f} |")
-    print(f"| ratio | {rollout['ratio']:.2f}x |\n")
+        print(f"| {name} | {rollout[name]:.0f} | {rollout['cpu'][name]:.0f} |")
+    print(f"| ratio | {rollout['ratio']:.2f}x | {rollout['cpu_ratio']:.2f}x |\n")
+    if "async" not in parts:
+        print("\n" + json.dumps({"rollout": rollout}))
+        return
     print(
         f"| GRPO, {args.grpo_steps} steps | held-out success before -> after | GRPO s | "
         f"s to {result['target']:.3f} | ratio to sync | trainer idle | max staleness |"
