@@ -2,8 +2,8 @@
 process: pp=2 (LoRA with GPipe, full with 1F1B), pp=2 × vpp=2 (interleaved 1F1B on a
 four-layer model) and pp=2 × dp=2 (FSDP2 inside each stage): three steps give the same
 losses, metrics and weights. Plus checkpoints (one gathered HF / peft folder that loads in
-one process; a resume on the same mesh continues bit for bit) and the bad sizes refused at
-setup.
+one process; a resume on the same mesh continues bit for bit), the bad sizes refused at
+setup, and the cookbook's pipeline example (cookbook/torchrun/pp.py).
 
 Tolerances, float32: losses rel 1e-6, weights abs 1e-5 (only the summation order differs:
 micro-batches, padded rows against the single process's packed ones).
@@ -12,10 +12,12 @@ micro-batches, padded rows against the single process's packed ones).
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from twinkle import DeviceMesh
@@ -143,3 +145,22 @@ def test_family_without_a_layout_and_unknown_schedule_are_refused():
     )
     with pytest.raises(ValueError, match="does not run one stage per rank.*GPipe, 1F1B"):
         model.set_optimizer("AdamW")
+
+
+def test_the_pipeline_cookbook_example_trains_and_saves_one_adapter(tmp_path, torchrun):
+    """cookbook/torchrun/pp.py on two processes: LoRA over pp=2 with 1F1B, one peft folder
+    gathered from both stages that loads in one process."""
+    script = Path(__file__).resolve().parents[3] / "cookbook" / "torchrun" / "pp.py"
+    done = torchrun(script, env={"TWINKLE_MAX_STEPS": "2"}, cwd=tmp_path)
+    loss = re.search(r"step 0 of 13, metric: \{'loss': ([0-9.]+)", done.stderr)
+    assert loss is not None, done.stderr[-3000:]
+    assert 7.0 < float(loss.group(1)) < 9.0
+    folder = tmp_path / "output" / "last-checkpoint"
+    saved = load_file(folder / "adapter_model.safetensors")
+    assert {int(k.split(".layers.")[1].split(".")[0]) for k in saved} == {0, 1}
+    model = TransformersModel("bundled://tiny-qwen3", device="cpu")
+    model.add_adapter_to_model("default", str(folder))
+    params = dict(model.model.named_parameters())
+    for key, tensor in saved.items():
+        name = key.replace(".weight", ".default.weight")
+        assert torch.equal(params[name].detach(), tensor), name
