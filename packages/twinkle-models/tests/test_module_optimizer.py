@@ -177,3 +177,10 @@ def test_non_finite_optimizer_arguments_are_refused(kwargs, name):
     with pytest.raises(ValueError, match=rf"optimizer AdamW: {name} must be a finite number"):
         build_optimizer(Tiny(), "AdamW", **kwargs)
     build_optimizer(Tiny(), "AdamW", lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+
+
+@pytest.mark.parametrize(("name", "value"), [("lr", "1e-3"), ("lr", [1]), ("eps", True)])
+def test_an_argument_that_takes_a_number_refuses_anything_else(name, value):
+    """torch compares it (``0.0 <= lr``) and fails with a TypeError that names no argument."""
+    with pytest.raises(ValueError, match=rf"optimizer AdamW: {name} must be a number, got"):
+        build_optimizer(Tiny(), "AdamW", **{name: value})

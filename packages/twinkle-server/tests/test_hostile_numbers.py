@@ -413,6 +413,9 @@ def twinkle_run(hostile):
         ({"lora_dropout": 1.0}, "lora_config lora_dropout must be a finite number in [0, 1)"),
         ({"bias": "evil"}, "lora_config bias must be one of none, all, lora_only, got 'evil'"),
         ({"use_rslora": "yes"}, "lora_config use_rslora must be true or false"),
+        ({"target_modules": 5}, "lora_config target_modules must be a module name or a non-"),
+        ({"target_modules": []}, "target_modules must be a module name or a non-empty list"),
+        ({"target_modules": ["q_proj", 1]}, "got ['q_proj', 1]"),
     ],
 )
 def test_add_adapter_refuses_bad_lora_values(hostile, twinkle_run, config, message):

@@ -82,7 +82,13 @@ def _check_finite(cls: type[Optimizer], kwargs: dict[str, object]) -> None:
     """Every number of the optimizer's arguments is finite. torch checks ranges with
     comparisons (``0.0 <= lr``), which take ``lr=inf`` or ``weight_decay=inf``, and the
     first step then turns every trained weight into NaN."""
+    parameters = inspect.signature(cls).parameters
     for name, value in kwargs.items():
+        default = parameters[name].default if name in parameters else None
+        numeric = isinstance(default, int | float) and not isinstance(default, bool)
+        number = isinstance(value, int | float | torch.Tensor) and not isinstance(value, bool)
+        if numeric and value is not None and not number:  # None: the default (weight_decay)
+            raise ValueError(f"optimizer {cls.__name__}: {name} must be a number, got {value!r}")
         for item in value if isinstance(value, tuple | list) else (value,):
             finite = True
             if isinstance(item, float):

@@ -215,6 +215,13 @@ class ModelService:
                 f"LoRA rank {rank} exceeds this server's max_rank {self.config.model.max_rank}"
             )
         targets = values.setdefault("target_modules", "all-linear")
+        if not isinstance(targets, str) and not (
+            isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets)
+        ):
+            raise BadRequest(
+                "lora_config target_modules must be a module name or a non-empty list of them "
+                f"(or 'all-linear'), got {targets!r}"
+            )
         for target in [targets] if isinstance(targets, str) else targets:
             check_allowed(target, self.config.allow.lora_target_modules, "LoRA target module")
         try:

@@ -16,6 +16,7 @@ global norm. Embedding training (``task='embedding'``) is ``embedding_model``'s.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 import time
 from collections.abc import Mapping
@@ -358,6 +359,12 @@ class TransformersModel(
     ) -> list[tuple[dict, dict]]:
         """Split the batch, and the per-row loss arguments (advantages, old_logps, ...) with it."""
         rows = batch["input_ids"].shape[0]
+        if micro_batch_size is not None and (
+            isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Integral)
+        ):
+            raise ValueError(
+                f"micro_batch_size must be an int >= 1 or None, got {micro_batch_size!r}"
+            )
         if micro_batch_size is None or micro_batch_size >= rows:
             return [(batch, loss_kwargs)]
         if micro_batch_size < 1:
