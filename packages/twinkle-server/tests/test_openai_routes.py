@@ -169,6 +169,7 @@ def test_a_stop_string_ends_the_text_before_it(served):
         ({"top_p": 0}, 400, "top_p"),
         ({"n": 0}, 400, "n must be a positive int"),
         ({"n": 10_000}, 413, "max_num_samples"),
+        ({"prompt": ["hi"] * 17, "n": 64}, 413, "1088 completions (17 prompts × 64 each)"),
         ({"max_tokens": 0}, 400, "max_tokens must be an int"),
         ({"max_tokens": 10_000}, 413, "exceeds this server's limit, 32"),
         ({"stop": 7}, 400, "stop must be a string or a list of strings"),

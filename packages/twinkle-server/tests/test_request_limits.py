@@ -26,6 +26,7 @@ from twinkle.server.state import build_state
 from twinkle.server.tinker.results import PROTO_MEDIA_TYPE
 
 ROWS, TOKENS_PER_ROW, SAMPLES, ELEMENTS, DEPTH = 4, 32, 4, 1024, 16
+SEQUENCES = 8  # completions of one sample request in all: under ROWS × SAMPLES
 PROMPT = [5, 17, 42, 9, 88, 3, 61]
 TOKENS = [5, 9, 17, 33, 2, 40]
 TARGETS = [9, 17, 33, 2, 40, 7]
@@ -42,6 +43,7 @@ def config(home) -> ServerConfig:
                 "max_batch_rows": ROWS,
                 "max_sequence_tokens": TOKENS_PER_ROW,
                 "max_num_samples": SAMPLES,
+                "max_sample_sequences": SEQUENCES,
                 "max_tensor_elements": ELEMENTS,
                 "max_json_depth": DEPTH,
             },
@@ -179,6 +181,11 @@ def sample_body(**extra) -> dict:
         ),
         ({"inputs": [{"input_ids": PROMPT}] * (ROWS + 1)}, "max_batch_rows"),
         ({"inputs": [{"input_ids": [5] * (TOKENS_PER_ROW + 1)}]}, "max_sequence_tokens"),
+        (sample_body(inputs=[{"input_ids": PROMPT}] * 3, num_samples=3), "max_sample_sequences"),
+        (
+            sample_body(inputs=[{"input_ids": PROMPT}] * 3, sampling_params={"num_samples": 3}),
+            "max_sample_sequences",
+        ),
     ],
 )
 def test_the_twinkle_sampler_refuses_oversized_requests(limited, body, key):

@@ -147,6 +147,9 @@ class Limits(_Strict):
     """Tokens in one row (a Tinker datum's model input, a prompt)."""
     max_num_samples: int = Field(default=64, ge=1)
     """Completions one sample request asks for per prompt (``num_samples``)."""
+    max_sample_sequences: int = Field(default=1024, ge=1)
+    """Completions one sample request generates in all (its prompts × ``num_samples``), so
+    that one request cannot hold the sampler for minutes while other keys wait."""
     max_tensor_elements: int = Field(default=4 * 1024 * 1024, ge=1)
     """Values one tensor of a request may hold: its shape's product (a sparse tensor's dense
     size), checked before anything is allocated."""

@@ -48,6 +48,18 @@ def check_num_samples(value: Any, limits: Limits, what: str = "num_samples") -> 
     return value
 
 
+def check_sequences(prompts: int, per_prompt: int, limits: Limits) -> None:
+    """Completions one sample request generates in all: ``prompts × per_prompt`` at most
+    ``max_sample_sequences`` (one request must not hold the sampler for everyone else)."""
+    if prompts * per_prompt > limits.max_sample_sequences:
+        raise _over(
+            f"the request asks for {prompts * per_prompt} completions ({prompts} prompts × "
+            f"{per_prompt} each)",
+            limits.max_sample_sequences,
+            "max_sample_sequences",
+        )
+
+
 def check_tensor_size(shape: Sequence[int], limits: Limits, what: str) -> None:
     """The values a tensor of ``shape`` holds, checked before anything of that size is
     allocated (a sparse tensor of shape ``[1, 10**13]`` would ask for 36 TiB)."""

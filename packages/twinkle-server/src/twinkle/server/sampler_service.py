@@ -28,7 +28,7 @@ from twinkle.sampler.base import BASE_MODEL, SampleRequest
 from twinkle.server.auth import Principal
 from twinkle.server.config import ServerConfig
 from twinkle.server.errors import BadRequest, NotFound
-from twinkle.server.limits import check_num_samples
+from twinkle.server.limits import check_num_samples, check_sequences
 from twinkle.server.sampling_params import check_sampling_values
 from twinkle.server.scheduler import Batchable, FairWorker
 from twinkle.server.wire import check_allowed, decode_inputs, template_kwargs
@@ -103,6 +103,8 @@ class SamplerService:
             params = SamplingParams.model_validate({"max_tokens": 64, **raw})
         except ValueError as exc:
             raise BadRequest(f"invalid sampling_params: {exc}") from None
+        per_prompt = num_samples if num_samples is not None else params.num_samples
+        check_sequences(len(batch), per_prompt, limits)
         if params.seed is None:
             params = params.model_copy(update={"seed": self.next_seed(principal.key_id)})
         folder = None

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 from twinkle.data_format import InputFeature, SampleResponse, SamplingParams
 from twinkle.server.auth import Principal
 from twinkle.server.errors import BadRequest, Unavailable
-from twinkle.server.limits import check_tokens
+from twinkle.server.limits import check_sequences, check_tokens
 from twinkle.server.openai import answers, params, served_models
 from twinkle.server.openai.live_stream import DONE, LiveStream
 from twinkle.server.routes.common import caller, json_body, ready, state_of
@@ -70,6 +70,7 @@ async def _complete(request: Request, chat: bool) -> Any:
     prompts = await asyncio.to_thread(build, body, template)
     for index, prompt in enumerate(prompts):
         check_tokens(len(prompt.input_ids), state.config.limits, f"prompt {index}")
+    check_sequences(len(prompts), asked.params.num_samples, state.config.limits)
     prefix = "chatcmpl-" if chat else "cmpl-"
     answer = answers.Answer(prefix + secrets.token_hex(12), int(time.time()), asked.model, chat)
     live = None
