@@ -13,8 +13,8 @@ beats running them one after another where a call is latency-bound.
 2. Sampling, TorchSampler on CUDA: ``--tenants`` adapters, one ``sample`` call each against
    ``sample_many`` of all (peft's mixed-adapter batches); same tokens at temperature 0.
 3. Sampling, vLLMSampler (skipped, saying so, when vLLM is not installed): the same calls
-   through one ``engine.generate`` with a LoRARequest per prompt (vLLM's multi-LoRA
-   batching) against one call per adapter.
+   as requests of one engine, stepped together, with a LoRARequest per prompt (vLLM's
+   multi-LoRA batching) against one call per adapter.
 
     python benchmarks/gpu/bench_tenants_gpu.py [--tenants 8] [--steps 5]
 """
