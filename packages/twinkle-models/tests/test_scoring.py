@@ -71,3 +71,15 @@ def test_token_logits_feed_gkd():
     out = student.forward_backward(FEATURES, teacher_logits=logits)
     assert out.loss > 0 and out.num_tokens == 5
     assert student.calculate_metric()["distill/reverse_kl"] > 0
+
+
+def test_scoring_passes_refuse_a_pipelined_model_with_the_reason(monkeypatch):
+    """Under pp each rank holds only its stages: the three scoring passes refuse (the
+    pipelined plan is stood in for; the pp runs themselves are test_pipeline_parallel's)."""
+    from types import SimpleNamespace
+
+    model = TransformersModel("bundled://tiny-qwen3")
+    monkeypatch.setattr(model, "_parallel", lambda: SimpleNamespace(pipeline=object()))
+    for method in ("policy_logps", "reference_logps", "token_logits"):
+        with pytest.raises(ValueError, match=f"{method} does not run under pipeline parallel"):
+            getattr(model, method)(FEATURES)

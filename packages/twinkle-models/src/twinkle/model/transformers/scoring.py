@@ -33,6 +33,7 @@ class ScoringMixin:
         that trains on the batch. With routing replay on (``TransformersModel(
         routing_replay=True)`` or this call's ``routing_replay``) it records the experts, as
         ``forward_only`` does, for ``forward_backward`` on the batch to replay."""
+        self._refuse_pipeline("policy_logps")
         state = self._state(adapter_name)
         self.model.eval()
         if self._is_idle_share(inputs, "policy_logps"):
@@ -52,6 +53,7 @@ class ScoringMixin:
         them as ``ref_logps`` (GRPO-family losses with ``beta > 0``, DPOLoss). A model
         trained in full has no adapter to disable: its reference is a second, frozen
         model's ``forward_only(inputs).logps``."""
+        self._refuse_pipeline("reference_logps")
         state = self._state(adapter_name)
         if state.name == FULL_MODEL:
             raise ValueError(
@@ -73,6 +75,7 @@ class ScoringMixin:
         """The full next-token logits (B, T, V) of a batch, float32 on the CPU: a teacher's
         distributions for ``GKDLoss(teacher_logits=...)``. Position t predicts token t + 1,
         as the student's logits do."""
+        self._refuse_pipeline("token_logits")
         state = self._state(adapter_name)
         self.model.eval()
         if self._is_idle_share(inputs, "token_logits"):
@@ -88,3 +91,11 @@ class ScoringMixin:
                 f"tokens), as for forward_backward"
             )
         return batch
+
+    def _refuse_pipeline(self, method: str) -> None:
+        if self._parallel().pipeline is not None:
+            raise ValueError(
+                f"{method} does not run under pipeline parallel (pp_size > 1) yet: each rank "
+                f"holds only its stages, and the scoring pass does not run the schedule; "
+                f"score the batch with a model on a mesh without pp"
+            )
