@@ -119,11 +119,13 @@ def bench_rollout(recipe, sampler, repeats: int) -> dict:
     ours(), theirs()  # warm-up
     names = ("MultiTurnRollout", "hand-written")
     rates: dict[str, list[float]] = {name: [] for name in names}
+    counts: dict[str, list[int]] = {name: [] for name in names}
     cpu_rates: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
         for name, fn in (("MultiTurnRollout", ours), ("hand-written", theirs)):
             start, cpu_start = time.perf_counter(), time.process_time()
             tokens = fn()
+            counts[name].append(tokens)
             rates[name].append(tokens / (time.perf_counter() - start))
             cpu_rates[name].append(tokens / (time.process_time() - cpu_start))
     medians = {name: statistics.median(values) for name, values in rates.items()}
@@ -133,6 +135,7 @@ def bench_rollout(recipe, sampler, repeats: int) -> dict:
         "ratio": medians["MultiTurnRollout"] / medians["hand-written"],
         "cpu": cpu,  # tokens per CPU second of this process: less swayed by a loaded machine
         "cpu_ratio": cpu["MultiTurnRollout"] / cpu["hand-written"],
+        "sampled_tokens": {name: statistics.median(values) for name, values in counts.items()},
     }
 
 
