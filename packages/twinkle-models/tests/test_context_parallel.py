@@ -99,6 +99,13 @@ def test_cp_with_tp_ulysses_or_ep_is_refused_at_setup(sizes, named):
         check_mesh(DeviceMesh.from_sizes(**sizes, device_type="cpu"))
 
 
+def test_cp_with_pp_is_refused_at_setup():
+    """Today by the refusal of pp itself; once TransformersModel pipelines, cp × pp must stay
+    refused (the stages run no ring attention), naming pp."""
+    with pytest.raises(ValueError, match="pp"):
+        check_mesh(DeviceMesh.from_sizes(cp_size=2, pp_size=2, device_type="cpu"))
+
+
 def test_cp_needs_torch_distributed():
     from transformers import AutoConfig, AutoModelForCausalLM
 
