@@ -90,20 +90,14 @@ def test_a_row_shorter_than_two_blocks_per_rank_is_refused(cp2):
         ({"cp_size": 2, "tp_size": 2, "fsdp_size": 2}, "tp_size"),
         ({"cp_size": 2, "dp_size": 2, "ulysses_size": 2}, "ulysses_size"),
         ({"cp_size": 2, "fsdp_size": 2, "ep_size": 2}, "ep_size"),
+        ({"cp_size": 2, "pp_size": 2}, "pp_size"),  # the stages run no ring attention
     ],
 )
-def test_cp_with_tp_ulysses_or_ep_is_refused_at_setup(sizes, named):
+def test_cp_with_pp_tp_ulysses_or_ep_is_refused_at_setup(sizes, named):
     with pytest.raises(
         ValueError, match=f"context parallel combines with dp and fsdp, not with {named}"
     ):
         check_mesh(DeviceMesh.from_sizes(**sizes, device_type="cpu"))
-
-
-def test_cp_with_pp_is_refused_at_setup():
-    """Today by the refusal of pp itself; once TransformersModel pipelines, cp × pp must stay
-    refused (the stages run no ring attention), naming pp."""
-    with pytest.raises(ValueError, match="pp"):
-        check_mesh(DeviceMesh.from_sizes(cp_size=2, pp_size=2, device_type="cpu"))
 
 
 def test_cp_needs_torch_distributed():

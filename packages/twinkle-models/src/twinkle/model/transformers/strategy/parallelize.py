@@ -270,7 +270,7 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
             "MegatronModel to split experts over etp"
         )
     if device_mesh.size("cp") > 1:
-        others = [n for n in ("tp", "ulysses", "ep") if device_mesh.size(n) > 1]
+        others = [n for n in ("pp", "tp", "ulysses", "ep") if device_mesh.size(n) > 1]
         if others:
             raise ValueError(
                 f"TransformersModel's context parallel combines with dp and fsdp, not with "
