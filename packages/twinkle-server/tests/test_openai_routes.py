@@ -176,6 +176,7 @@ def test_a_stop_string_ends_the_text_before_it(served):
         ({"logprobs": 50}, 400, "logprobs must be an int in [0, 20]"),
         ({"tools": [{"type": "function"}]}, 400, "does not implement tools"),
         ({"stream": "yes"}, 400, "stream must be true or false"),
+        ({"stream_options": {"include_usage": "x"}}, 400, "include_usage must be true or false"),
         ({"prompt": []}, 400, "prompt must be a non-empty"),
         ({"prompt": [[1, 2], 3]}, 400, "prompt must be a non-empty"),
         ({"prompt": [10**9]}, 400, "token id outside"),

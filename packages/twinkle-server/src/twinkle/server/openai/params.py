@@ -74,7 +74,8 @@ def read(body: dict[str, Any], config: ServerConfig, chat: bool, vocab: int | No
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object")
-    return Request(body["model"], params, stream, bool(options.get("include_usage")), top)
+    include_usage = _flag(options, "include_usage")
+    return Request(body["model"], params, stream, include_usage, top)
 
 
 def prompt_token_lists(prompt: Any, config: ServerConfig) -> list[list[int] | str]:
