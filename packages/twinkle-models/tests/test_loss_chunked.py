@@ -14,6 +14,7 @@ from twinkle.loss import (
     logps_from_logits,
     prefers_chunked,
 )
+from twinkle.loss.chunked_logps import max_and_argmax
 from twinkle.utils.testing import reduction_tolerance
 
 B, T, H, V = 2, 9, 5, 13
@@ -157,6 +158,111 @@ def test_logits_path_in_chunks_matches_one_chunk(chunk_size):
     torch.testing.assert_close(chunked.grad, whole.grad, rtol=1e-14, atol=1e-14)
 
 
+class GatheredRows(TorchDispatchMode):
+    """Counts the rows of ``vocab`` logits that indexing ops copy out (``aten.index``) or
+    scatter back (``aten.index_put``)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.rows = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        moved = out if name == "index" else args[2] if name.startswith("index_put") else None
+        if moved is not None and moved.dim() == 2 and moved.shape[-1] == self.vocab:
+            self.rows += moved.shape[0]
+        return out
+
+
+def reference_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """float64 log_softmax of the logits predicting each label, 0 off the labels."""
+    log_probs = torch.log_softmax(logits.double()[:, :-1], -1)
+    picked = log_probs.gather(-1, labels[:, 1:, None].clamp(min=0)).squeeze(-1)
+    return torch.nn.functional.pad(torch.where(labels[:, 1:] != -100, picked, 0), (1, 0))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 9, None])
+def test_every_token_a_label_reads_the_logits_in_place_with_equal_results(chunk_size):
+    """Labels on every position but the first (the rows of a packed, uniform or single-
+    sequence batch): the logits are read as views, the gradient written in place; the
+    values, argmax ids and gradients equal a float64 log_softmax, and the gathered path's
+    (the same labels with one more -100, which gathers the rows)."""
+    hidden, weight, bias, labels = make_batch()
+    labels = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
+    logits = hidden @ weight.T + bias
+    logits[:, -1] = float("nan")  # predicts nothing: must not reach the values or gradients
+    weights = torch.randn(B, T, dtype=torch.float64)
+    (dense,) = leaves(logits)
+    with GatheredRows(V) as probe:
+        out = logps_from_logits(dense, labels, chunk_size=chunk_size)
+        (out.logps * weights).sum().backward()
+    assert probe.rows == 0  # no row of logits was copied out or scattered back
+    (ref,) = leaves(logits)
+    (reference_logps(ref, labels) * weights).sum().backward()
+    torch.testing.assert_close(out.logps, reference_logps(logits, labels), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(dense.grad, ref.grad.nan_to_num(0.0), rtol=1e-12, atol=1e-14)
+    assert torch.equal(dense.grad[:, -1], torch.zeros(B, V, dtype=torch.float64))
+    expected_ids = torch.nn.functional.pad(logits[:, :-1].argmax(-1), (1, 0), value=-100)
+    assert torch.equal(out.predicted_ids, expected_ids)
+    sparse_labels = labels.clone()
+    sparse_labels[1, 3] = -100
+    (gathered,) = leaves(logits)
+    with GatheredRows(V) as probe:
+        sparse = logps_from_logits(gathered, sparse_labels, chunk_size=chunk_size)
+        (sparse.logps * weights).sum().backward()
+    assert probe.rows >= 2 * (B * (T - 1) - 1)  # gathered in forward and again in backward
+    keep = sparse_labels != -100
+    torch.testing.assert_close(sparse.logps[keep], out.logps[keep], rtol=1e-14, atol=1e-14)
+    row_kept = torch.ones(B, T, 1, dtype=torch.bool)
+    row_kept[1, 2] = False  # the position that predicted the dropped label
+    torch.testing.assert_close(
+        gathered.grad, torch.where(row_kept, dense.grad, 0), rtol=1e-12, atol=1e-14
+    )
+
+
+def test_as_many_labels_as_every_position_but_placed_elsewhere_are_gathered():
+    """B x (T - 1) labels that are not every position but the first (one at t = 0, which
+    nothing predicts, and a -100 inside each row) take the gathered path: the in-place path is
+    chosen by the labels' layout, not their count. Values and gradients equal a float64
+    log_softmax of the labels that are predicted."""
+    logits = torch.randn(B, T, V, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    labels = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
+    labels[0, 6] = labels[1, 4] = -100
+    assert int((labels != -100).sum()) == B * (T - 1)
+    weights = torch.randn(B, T, dtype=torch.float64)
+    (ours,) = leaves(logits)
+    with GatheredRows(V) as probe:
+        out = logps_from_logits(ours, labels)
+        (out.logps * weights).sum().backward()
+    assert probe.rows >= 2 * (B * (T - 1) - B)  # the predicted labels, forward and backward
+    (ref,) = leaves(logits)
+    (reference_logps(ref, labels) * weights).sum().backward()
+    torch.testing.assert_close(out.logps, reference_logps(logits, labels), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-12, atol=1e-14)
+    assert not ours.grad[0, 5].any() and not ours.grad[1, 3].any() and not ours.grad[:, -1].any()
+    assert (out.predicted_ids[:, 0] == -100).all()
+    assert out.predicted_ids[0, 6] == out.predicted_ids[1, 4] == -100
+
+
+@pytest.mark.parametrize("vocab", [127, 128, 200, 3909])
+def test_max_and_argmax_equals_torch_max_with_ties_nan_and_inf(vocab):
+    """The blocked argmax (CPU, rows of 128 or more) gives ``max(dim=-1)``'s values and
+    first indices: ties, NaN, -inf rows, and the maximum in the last, shorter block."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 3, (40, vocab), generator=gen).float()  # many ties
+    logits[:20] = torch.randn(20, vocab, generator=gen)
+    logits[3, 70] = float("nan")
+    logits[4, -2:] = float("nan")
+    logits[5] = float("-inf")
+    logits[6, -1] = 100.0
+    logits[7, 64:] = 50.0  # ties across blocks: the first one wins
+    top, ids = max_and_argmax(logits)
+    expected_top, expected_ids = logits.max(dim=-1)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(top, expected_top, rtol=0, atol=0, equal_nan=True)
+
+
 def test_bf16_logits_get_float32_temporaries_one_chunk_at_a_time():
     tokens, vocab, chunk = 64, 1000, 8
     logits = torch.randn(1, tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
@@ -170,6 +276,11 @@ def test_bf16_logits_get_float32_temporaries_one_chunk_at_a_time():
     expected = reference.gather(1, labels[0, 1:, None]).squeeze(1)
     tol = reduction_tolerance(expected, terms=vocab, dtype=torch.float32)  # float32 logsumexp
     torch.testing.assert_close(out.logps[0, 1:].double(), expected, **tol)
+    # Every token is a label here (the in-place path): the gradient is onehot - softmax.
+    softmax = torch.softmax(logits.detach().double()[0, :-1], -1)
+    onehot = torch.nn.functional.one_hot(labels[0, 1:], vocab).double()
+    torch.testing.assert_close(logits.grad[0, :-1].double(), onehot - softmax, rtol=0, atol=4e-3)
+    assert not logits.grad[0, -1].any()
 
 
 def test_autocast_bf16_matches_the_plain_autocast_loss():

@@ -47,11 +47,37 @@ def _chunks(n: int, chunk_size: int) -> list[slice]:
     return [slice(start, start + chunk_size) for start in range(0, n, chunk_size)]
 
 
+ARGMAX_BLOCK = 64
+
+
+def max_and_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.max(dim=-1)`` of (n, V) logits: the maxima and the first index of each
+    (NaN counting as the maximum, as there). On a CPU, torch's argmax over a long row is
+    not vectorised (a tenth of the speed of ``amax``), so the maxima of blocks of 64
+    columns are found first and the argmax is taken within each row's first winning
+    block: 0.9 ms instead of 2.7 ms on (768, 3909) float32, equal ids."""
+    n, vocab = logits.shape
+    if logits.device.type != "cpu" or vocab < 2 * ARGMAX_BLOCK:
+        return logits.max(dim=-1)
+    blocks = vocab // ARGMAX_BLOCK
+    body = logits[:, : blocks * ARGMAX_BLOCK].unflatten(-1, (blocks, ARGMAX_BLOCK))
+    block_top = body.amax(dim=-1)
+    if vocab > blocks * ARGMAX_BLOCK:  # the last, shorter block
+        tail = logits[:, blocks * ARGMAX_BLOCK :].amax(dim=-1, keepdim=True)
+        block_top = torch.cat([block_top, tail], dim=1)
+    top, block = block_top.max(dim=-1)
+    start = block * ARGMAX_BLOCK
+    # The last block's columns past the vocabulary repeat its last one: never a first index.
+    columns = torch.arange(ARGMAX_BLOCK, device=logits.device)
+    columns = (start[:, None] + columns).clamp_(max=vocab - 1)
+    return top, start + logits.gather(1, columns).argmax(dim=-1)
+
+
 def _forward_chunk(logits, targets, lse, logps, ids) -> None:
     """Fill this chunk's log-sum-exp, target logps and argmax ids from its float logits,
-    which it overwrites (every caller passes a chunk of its own). One pass finds the
-    maximum and the argmax together; the rest runs in place, with no (n, V) temporary."""
-    top, argmax = logits.max(dim=-1)
+    which it overwrites (every caller passes a chunk of its own). The maximum and the
+    argmax come first; the rest runs in place, with no (n, V) temporary."""
+    top, argmax = max_and_argmax(logits)
     target = logits.gather(1, targets[:, None]).squeeze(1)
     lse.copy_(logits.sub_(top[:, None]).exp_().sum(dim=-1).log_().add_(top))
     logps.copy_(target - lse)
@@ -155,6 +181,66 @@ class _ChunkedLogitsLogps(torch.autograd.Function):
         return grad_logits, None, None, None, None
 
 
+class _DenseLogitsLogps(torch.autograd.Function):
+    """Contiguous (B, T, V) logits and (B, T) labels, every ``labels[:, 1:]`` a label ->
+    (B, T) logps and argmax ids aligned with the labels (0 and -100 at t = 0).
+
+    The rows of a packed, uniform or single-sequence batch: the logits are read a chunk of
+    positions at a time as views, not copies (one fused log-softmax, its output the chunk's
+    only temporary), and backward writes each chunk's gradient straight into the logits'
+    gradient: no zero fill, no gather, no scatter. Each row's last position predicts
+    nothing; its gradient is set to zero."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, chunk_size, ignore_index):
+        batch, width, vocab = logits.shape
+        float_dtype = _float_dtype(logits.dtype)
+        flat = logits.view(-1, vocab)
+        targets = torch.nn.functional.pad(labels[:, 1:], (0, 1)).reshape(-1)
+        lse, logps, ids = _new_outputs(flat.shape[0], float_dtype, logits.device)
+        for part in _chunks(flat.shape[0], chunk_size):
+            _view_forward_chunk(
+                flat[part].to(float_dtype), targets[part], lse[part], logps[part], ids[part]
+            )
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk_size = chunk_size
+        aligned_ids = torch.nn.functional.pad(
+            ids.view(batch, width)[:, :-1], (1, 0), value=ignore_index
+        )
+        ctx.mark_non_differentiable(aligned_ids)
+        return torch.nn.functional.pad(logps.view(batch, width)[:, :-1], (1, 0)), aligned_ids
+
+    @staticmethod
+    def backward(ctx, grad_logps, _grad_ids):
+        logits, targets, lse = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        flat = logits.view(-1, vocab)
+        grad_logits = torch.empty_like(logits)
+        grad_flat = grad_logits.view(-1, vocab)
+        grad_all = torch.nn.functional.pad(grad_logps[:, 1:].to(lse.dtype), (0, 1)).reshape(-1)
+        in_place = flat.dtype == lse.dtype  # else each chunk is computed in float, then cast
+        for part in _chunks(flat.shape[0], ctx.chunk_size):
+            grad = grad_all[part, None]
+            out = grad_flat[part] if in_place else None
+            chunk = torch.sub(flat[part].to(lse.dtype), lse[part, None], out=out)
+            chunk.exp_().mul_(-grad).scatter_add_(1, targets[part, None], grad)
+            if not in_place:
+                grad_flat[part] = chunk
+        grad_logits[:, -1] = 0
+        return grad_logits, None, None, None
+
+
+def _view_forward_chunk(chunk, targets, lse, logps, ids) -> None:
+    """``_forward_chunk`` for a chunk that is a view of the logits (left unchanged): one
+    fused log-softmax and ``max_and_argmax``. The log-softmax at the argmax is exactly
+    ``-log(sum(exp(x - max)))``, so ``lse`` is the sum ``_forward_chunk`` computes."""
+    top, argmax = max_and_argmax(chunk)
+    log_probs = torch.log_softmax(chunk, dim=-1)
+    logps.copy_(log_probs.gather(1, targets[:, None]).squeeze(1))
+    lse.copy_(top - log_probs.gather(1, argmax[:, None]).squeeze(1))
+    ids.copy_(argmax)
+
+
 def _check_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
     if chunk_size is None:
         return default_chunk_size(vocab_size)
@@ -199,4 +285,19 @@ def chunked_logits_logps(
     ``chunk_size`` tokens at a time. Differentiable in logits."""
     return _ChunkedLogitsLogps.apply(
         logits, rows, positions, targets, _check_chunk_size(chunk_size, logits.shape[-1])
+    )
+
+
+def dense_logits_logps(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int | None = None,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunked_logits_logps`` for contiguous (B, T, V) ``logits`` whose every
+    ``labels[:, 1:]`` is a label: (B, T) logps and argmax ids aligned with ``labels``
+    (``logits[b, t - 1]`` predicts ``labels[b, t]``; 0 and ``ignore_index`` at t = 0),
+    the logits read in place. Differentiable in logits."""
+    return _DenseLogitsLogps.apply(
+        logits, labels, _check_chunk_size(chunk_size, logits.shape[-1]), ignore_index
     )

@@ -26,7 +26,12 @@ import torch
 
 from twinkle.kernel import fast_path
 from twinkle.loss.base import IGNORE_INDEX
-from twinkle.loss.chunked_logps import chunked_linear_logps, chunked_logits_logps, matmul_dtype
+from twinkle.loss.chunked_logps import (
+    chunked_linear_logps,
+    chunked_logits_logps,
+    dense_logits_logps,
+    matmul_dtype,
+)
 from twinkle.loss.fields import compute_dtype, label_mask
 
 PLAIN_LOGITS_LIMIT_BYTES = 2**30
@@ -62,11 +67,13 @@ def _label_positions(
 
 
 def _check_targets(targets: torch.Tensor, vocab_size: int) -> None:
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
+    if not targets.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(targets))  # one pass, one device sync
+    if low < 0 or high >= vocab_size:
         raise ValueError(
             f"label ids must lie in [0, {vocab_size}) (the vocabulary), got values from "
-            f"{int(targets.min())} to {int(targets.max())}; mark positions outside the loss "
-            f"with -100"
+            f"{low} to {high}; mark positions outside the loss with -100"
         )
 
 
@@ -96,10 +103,24 @@ def logps_from_logits(
             f"logits must have shape (B, T, V) matching labels {tuple(labels.shape)}, "
             f"got {tuple(logits.shape)}"
         )
-    rows, cols, targets = _label_positions(labels.to(logits.device), ignore_index)
+    labels = labels.to(logits.device)
+    if _every_token_a_label(logits, labels, ignore_index):
+        _check_targets(labels[:, 1:], logits.shape[-1])
+        return TokenLogps(*dense_logits_logps(logits, labels, chunk_size, ignore_index))
+    rows, cols, targets = _label_positions(labels, ignore_index)
     _check_targets(targets, logits.shape[-1])
     logps, ids = chunked_logits_logps(logits, rows, cols - 1, targets, chunk_size)
     return _scatter(rows, cols, logps, ids, labels.shape)
+
+
+def _every_token_a_label(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> bool:
+    """Whether every position but the first holds a label (packed, uniform or single rows):
+    then ``dense_logits_logps`` reads the logits in place instead of gathering label rows."""
+    return (
+        labels.shape[1] > 1
+        and logits.is_contiguous()
+        and bool((labels[:, 1:] != ignore_index).all())
+    )
 
 
 def chunked_logps(
