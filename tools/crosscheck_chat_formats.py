@@ -45,6 +45,12 @@ def compare(renderer_name: str, folder: str, messages: list[dict]) -> str:
     theirs = model_input.to_ints()
     feature = template.encode({"messages": messages}, train_turns="last")
     ours = feature["input_ids"].tolist()
+    # The cookbook ends a supervised example at the last stop token; a template's newline
+    # after it (ChatML's) is the template's, untrained: compare the rest.
+    tail = template.decode(ours[len(theirs) :]) if ours[: len(theirs)] == theirs else None
+    note = f" (the template's trailing {tail!r} after it)" if tail and not tail.strip() else ""
+    if note:
+        ours = ours[: len(theirs)]
     if theirs != ours:
         at = next(
             (i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b),
@@ -58,7 +64,7 @@ def compare(renderer_name: str, folder: str, messages: list[dict]) -> str:
     trained_ours = [i for i, label in enumerate(feature["labels"].tolist()) if label != -100]
     if trained_theirs != trained_ours:
         return f"trained tokens differ: cookbook {trained_theirs}, twinkle {trained_ours}"
-    return "same"
+    return "same" + note
 
 
 def main() -> None:

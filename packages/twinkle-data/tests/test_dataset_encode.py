@@ -12,7 +12,7 @@ from twinkle.preprocessor import GSM8KProcessor, SelfCognitionProcessor
 from twinkle.template import Qwen3_5Template
 
 MODEL = "bundled://tiny-qwen3"
-MAX_LENGTH = 40
+MAX_LENGTH = 48
 LONG = 5  # the row whose response is too long for MAX_LENGTH
 ROWS = [
     {"query": f"who are you {i}?", "response": "I am {{NAME}}, by {{AUTHOR}}.", "tag": "en"}

@@ -17,34 +17,45 @@ from twinkle.template import HistoryMismatchError, Qwen3_5Template, Template
 TINY = "bundled://tiny-qwen3"
 END = "<|im_end|>"
 HEADER = "<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return Qwen3_5Template(TINY)
-
-
-@pytest.fixture(scope="module")
-def generic():
-    return Template(TINY)
+# Qwen3 opens the conversation's final reply with a think block, empty when it has none,
+# and drops it once the reply is an earlier turn.
+THINK = "<think>\n\n</think>\n\n"
+KINDS = ["Qwen3_5Template", "Template", "rendered turns"]
 
 
 def without_generation_blocks(chat_template):
     return chat_template.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
 
 
+def make(kind, **kwargs):
+    """One of the three ways of finding the assistant's text: ChatML scanning, generation
+    blocks, and rendering each reply's turn (the generic Template on the bundled template
+    with its generation blocks removed, as every model's own template is)."""
+    if kind == "Qwen3_5Template":
+        return Qwen3_5Template(TINY, **kwargs)
+    if kind == "Template":
+        return Template(TINY, **kwargs)
+    source = Template(TINY).tokenizer.chat_template
+    return Template(TINY, chat_template=without_generation_blocks(source), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return make("Qwen3_5Template")
+
+
+@pytest.fixture(scope="module")
+def generic():
+    return make("Template")
+
+
 @pytest.fixture(scope="module")
 def rendered_turns():
-    """The generic Template on the bundled template with its generation blocks removed,
-    as every model's own template is: it finds replies by rendering their turns."""
-    source = Template(TINY).tokenizer.chat_template
-    return Template(TINY, chat_template=without_generation_blocks(source))
+    return make("rendered turns")
 
 
-@pytest.fixture(scope="module", params=["Qwen3_5Template", "Template", "rendered turns"])
+@pytest.fixture(scope="module", params=KINDS)
 def template(request, qwen, generic, rendered_turns):
-    """The three ways of finding the assistant's text: ChatML scanning, generation blocks
-    and rendering each reply's turn."""
     return {"Qwen3_5Template": qwen, "Template": generic}.get(request.param, rendered_turns)
 
 
@@ -60,7 +71,8 @@ def runs(feature, tokenizer):
             assert label == token, f"label {i} is {label}, not input_ids[{i}]={token}"
             start = i if start is None else start
         elif start is not None:
-            assert tokenizer.decode(ids[:start]).endswith(HEADER)
+            before = tokenizer.decode(ids[:start])
+            assert before.endswith(HEADER) or before.endswith(HEADER + THINK), before[-40:]
             assert tokenizer.decode(ids[i : i + 1]) in ("\n", "")
             found.append(tokenizer.decode(ids[start:i]))
             start = None
@@ -104,7 +116,7 @@ def test_single_turn(template):
             {"role": "assistant", "content": "I am Twinkle."},
         ]
     }
-    feature = check(template, row, ["I am Twinkle." + END])
+    feature = check(template, row, [THINK + "I am Twinkle." + END])
     assert isinstance(feature, InputFeature)
     assert template.decode(feature["input_ids"]).startswith("<|im_start|>user\nWho are you?")
 
@@ -117,20 +129,34 @@ def test_system_prompt(template):
             {"role": "assistant", "content": "hello"},
         ]
     }
-    feature = check(template, row, ["hello" + END])
+    feature = check(template, row, [THINK + "hello" + END])
     assert template.decode(feature["input_ids"]).startswith(
         "<|im_start|>system\nBe brief.<|im_end|>\n"
     )
 
 
-def test_multi_turn_labels_every_assistant_turn(template):
+def multi_turn():
     messages = [{"role": "system", "content": "sys"}]
     for i in range(3):
         messages += [
             {"role": "user", "content": f"question {i}"},
             {"role": "assistant", "content": f"answer number {i}, 你好"},
         ]
-    check(template, {"messages": messages}, [f"answer number {i}, 你好{END}" for i in range(3)])
+    return {"messages": messages}
+
+
+def test_multi_turn_labels_every_assistant_turn(template, capsys):
+    """Turn by turn, each earlier reply was its conversation's final one and opened with the
+    empty think block, which the whole conversation leaves out: a rewrite that drops no text
+    of the conversation, so every turn is trained, as the whole conversation renders it (the
+    text the model is shown at inference), with no error and no warning."""
+    expected = [f"answer number {i}, 你好{END}" for i in range(2)]
+    feature = check(template, multi_turn(), [*expected, f"{THINK}answer number 2, 你好{END}"])
+    assert "renders differently" not in capsys.readouterr().err
+    assert template.decode(feature["input_ids"]) == template.render(multi_turn())
+    # Turn 0 as the latest reply of its conversation does open with the block.
+    first = {"messages": multi_turn()["messages"][:3]}
+    assert template.render(first).endswith(HEADER + THINK + f"answer number 0, 你好{END}\n")
 
 
 def test_thinking_on_last_turn_keeps_reasoning(template):
@@ -143,9 +169,13 @@ def test_thinking_on_last_turn_keeps_reasoning(template):
     check(template, row, ["<think>\nadd them\n</think>\n\n4" + END])
 
 
-def test_thinking_off_without_reasoning(template):
+@pytest.mark.parametrize("kind", KINDS)
+def test_thinking_off_without_reasoning(kind):
+    """The empty think block is the generation prompt's with enable_thinking=False: the
+    reply after it is trained, the block is not."""
     row = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
-    check(template, row, ["4" + END], enable_thinking=False)
+    feature = check(make(kind, enable_thinking=False), row, ["4" + END], enable_thinking=False)
+    assert make(kind).decode(feature["input_ids"]).endswith(HEADER + THINK + "4" + END + "\n")
 
 
 def test_enable_thinking_false_adds_empty_think_block_to_generation_prompt():
@@ -155,9 +185,11 @@ def test_enable_thinking_false_adds_empty_think_block_to_generation_prompt():
     decode = Qwen3_5Template(TINY).decode
     assert decode(off["input_ids"]).endswith(HEADER + "<think>\n\n</think>\n\n")
     assert decode(on["input_ids"]).endswith(HEADER)
-    # Training renders are the same either way: the flag only shapes the generation prompt.
+    # Training renders the same text either way; with the flag off the empty think block
+    # is the prompt's, so it is not trained.
     row = {"messages": [*prompt["messages"], {"role": "assistant", "content": "4"}]}
     check(Qwen3_5Template(TINY, enable_thinking=False), row, ["4" + END], enable_thinking=False)
+    check(Qwen3_5Template(TINY, enable_thinking=True), row, [THINK + "4" + END])
 
 
 TOOL = {
@@ -198,16 +230,29 @@ def tool_conversation():
 
 
 def test_tool_calls_are_trained_and_tool_responses_are_not(template):
+    # No newline before the first call of a reply with no text.
     calls = (
-        '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
         '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     )
     feature = check(
-        template, tool_conversation(), [calls + END, "Paris is sunny, Rome is rainy." + END]
+        template,
+        tool_conversation(),
+        [calls + END, THINK + "Paris is sunny, Rome is rainy." + END],
     )
     text = template.decode(feature["input_ids"])
     # Tool schemas go into the system turn; both results share one user turn.
-    assert text.startswith("<|im_start|>system\nYou help.\n\n# Tools")
+    assert text.startswith(
+        "<|im_start|>system\nYou help.\n\n# Tools\n\nYou may call one or more functions to "
+        "assist with the user query.\n\nYou are provided with function signatures within "
+        "<tools></tools> XML tags:\n<tools>\n"
+    )
+    assert (
+        "</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nWeather in Paris and Rome?"
+    ) in text
     assert json.dumps(TOOL, ensure_ascii=False) in text
     assert (
         "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
@@ -266,12 +311,14 @@ def three_turns():
 )
 def test_train_turns_choose_the_labelled_turns(template, train_turns, expected):
     feature = template.encode(three_turns(), train_turns=train_turns)
-    assert runs(feature, template.tokenizer) == [f"a{i}{END}" for i in expected]
+    assert runs(feature, template.tokenizer) == [
+        f"{THINK if i == 2 else ''}a{i}{END}" for i in expected
+    ]
 
 
 def test_train_turns_default_comes_from_the_template():
     template = Qwen3_5Template(TINY, train_turns="last")
-    assert runs(template.encode(three_turns()), template.tokenizer) == ["a2" + END]
+    assert runs(template.encode(three_turns()), template.tokenizer) == [THINK + "a2" + END]
     assert len(runs(template.encode(three_turns(), train_turns="all"), template.tokenizer)) == 3
 
 
@@ -283,7 +330,7 @@ def test_default_system_is_added_only_when_missing():
     feature = template.encode(plain)
     text = template.decode(feature["input_ids"])
     assert text.startswith("<|im_start|>system\nYou are Twinkle.<|im_end|>\n<|im_start|>user\nhi")
-    assert runs(feature, template.tokenizer) == ["yo" + END]
+    assert runs(feature, template.tokenizer) == [THINK + "yo" + END]
     assert [m.role for m in feature.messages] == ["user", "assistant"]  # the trajectory as given
     own = {"messages": [{"role": "system", "content": "Mine."}, *plain["messages"]]}
     assert "You are Twinkle." not in template.decode(template.encode(own)["input_ids"])
@@ -339,7 +386,7 @@ def test_none_valued_keys_count_as_absent(template):
         "tools": None,
         "user_data": None,
     }
-    assert runs(template.encode(row), template.tokenizer) == ["yo" + END]
+    assert runs(template.encode(row), template.tokenizer) == [THINK + "yo" + END]
 
 
 def test_batch_encode_equals_encode_row_by_row(template):
@@ -440,16 +487,22 @@ def conversations(draw):
     return messages
 
 
-def expected_reply(message):
-    think = ""
-    if message.get("reasoning_content"):  # the template skips empty reasoning
-        think = "<think>\n" + message["reasoning_content"].strip("\n") + "\n</think>\n\n"
-    return think + message["content"] + END
+def expected_reply(message, final):
+    """Earlier replies as they are; the final one after its think block (empty without
+    reasoning), its text's leading newlines dropped."""
+    if not final:
+        return message["content"] + END
+    reasoning = message.get("reasoning_content", "").strip("\n")
+    return f"<think>\n{reasoning}\n</think>\n\n" + message["content"].lstrip("\n") + END
 
 
 @settings(max_examples=60, deadline=None)
 @given(messages=conversations())
 def test_labels_on_random_conversations(qwen, generic, rendered_turns, messages):
-    expected = [expected_reply(m) for m in messages if m["role"] == "assistant"]
+    expected = [
+        expected_reply(m, i == len(messages) - 1)
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant"
+    ]
     for template in (qwen, generic, rendered_turns):
         check(template, {"messages": messages}, expected)

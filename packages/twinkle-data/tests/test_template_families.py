@@ -198,7 +198,9 @@ def phi4(messages, tools):
 
 def chatml(default_system, reasoning_format):
     """Qwen's ChatML: ``reasoning_format`` 'qwen3_5' writes a think block (possibly empty)
-    on every turn after the last user message; None writes none."""
+    on every turn after the last user message; 'qwen3' on the final message (empty without
+    reasoning) and on earlier turns after the last user message that have reasoning; None
+    writes none."""
 
     def render(messages, tools):
         pieces = []
@@ -220,7 +222,13 @@ def chatml(default_system, reasoning_format):
                 )
             elif m["role"] == "assistant":
                 think = ""
-                if reasoning_format == "qwen3_5" and i > last_user:
+                # Qwen3.5 on every turn after the last user message; Qwen3 there only on
+                # the final message and on turns with reasoning.
+                final = i == len(messages) - 1
+                writes = reasoning_format == "qwen3_5" or (
+                    reasoning_format == "qwen3" and (final or m.get("reasoning_content"))
+                )
+                if writes and i > last_user:
                     think = f"<think>\n{m.get('reasoning_content', '')}\n</think>\n\n"
                 body = m["content"]
                 if m.get("tool_calls") and reasoning_format == "qwen3_5":
@@ -242,7 +250,7 @@ def chatml(default_system, reasoning_format):
                         (think[len("<think>\n") :] + body + "<|im_end|>", True),
                     ]
                 else:
-                    pieces += [(header, False), (body + "<|im_end|>", True)]
+                    pieces += [(header, False), (think + body + "<|im_end|>", True)]
                 pieces.append(("\n", False))
         return pieces
 
@@ -271,10 +279,16 @@ FAMILIES = {
         "Qwen2_5Template",
         [system_user_reply, two_turns, tool_turns],
     ),
+    "tiny-qwen3": (
+        chatml(None, "qwen3"),
+        "Qwen3Template",
+        [system_user_reply, two_turns, tool_turns, thinking_turn],
+    ),
+    "tiny-qwen3-moe": (chatml(None, "qwen3"), "Qwen3Template", [two_turns, thinking_turn]),
     "tiny-qwen3.5": (
         chatml(None, "qwen3_5"),
         "Qwen3_5FormatTemplate",
-        [system_user_reply, thinking_turn],
+        [system_user_reply, two_turns, thinking_turn],
     ),
     "tiny-qwen3.5-moe": (chatml(None, "qwen3_5"), "Qwen3_5FormatTemplate", [thinking_turn]),
 }
@@ -285,7 +299,12 @@ def family(request):
     folder = request.param
     fmt, built_in, conversations = FAMILIES[folder]
     model_id = f"bundled://{folder}"
-    return fmt, conversations, (Template(model_id), TEMPLATES.get(built_in)(model_id))
+    templates = [Template(model_id), TEMPLATES.get(built_in)(model_id)]
+    source = templates[0].chat_template
+    bare = source.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
+    if bare != source:  # the bundled Qwen3 format marks replies; models' templates do not
+        templates.append(Template(model_id, chat_template=bare))
+    return fmt, conversations, tuple(templates)
 
 
 def expected_feature(tokenizer, pieces):
@@ -301,8 +320,8 @@ def expected_feature(tokenizer, pieces):
 
 def test_every_turn_is_labelled_exactly(family):
     fmt, conversations, templates = family
+    assert not templates[-1]._generation_blocks[False]
     for template in templates:
-        assert not template._generation_blocks[False]
         for conversation in conversations:
             pieces = fmt(conversation(), None)
             ids, labels = expected_feature(template.tokenizer, pieces)
@@ -326,25 +345,39 @@ def test_the_generation_prompt_is_what_precedes_the_reply(family):
 
 
 def test_built_in_templates_know_their_stop_tokens(family):
-    _, _, (generic, built_in) = family
+    _, _, (generic, built_in, *_) = family
     assert set(built_in.chat_format.stops) <= set(built_in.stop_tokens)
     # The folder's generation config names the same stops the built-in format does.
     assert set(built_in.chat_format.stops) <= set(generic.stop_tokens)
 
 
-def test_a_rewritten_earlier_turn_is_a_history_mismatch():
+def test_an_earlier_turn_that_loses_only_its_empty_think_block_is_trained(capsys):
     """Qwen3.5 writes a think block only after the last user message: an earlier turn
-    rendered as the latest has one, in the whole conversation it does not."""
+    rendered as the latest has an empty one, the whole conversation none. No text of the
+    conversation is lost, so every turn is trained as the whole conversation renders it."""
     template = Template("bundled://tiny-qwen3.5")
-    with pytest.raises(HistoryMismatchError, match="assistant turn 0"):
-        template.encode({"messages": two_turns()})
-    last = template.encode({"messages": two_turns()}, train_turns="last")
+    feature = template.encode({"messages": two_turns()})
+    assert "renders differently" not in capsys.readouterr().err
+    replies = template.decode([t for t in feature["labels"] if t != -100])
+    assert replies == "Hi there.<|im_end|>\n</think>\n\nIt is 5.<|im_end|>"
+
+
+def test_a_rewritten_earlier_turn_is_a_history_mismatch():
+    """An earlier turn's reasoning is dropped once a later user message follows: text of
+    the conversation the labels would lose, refused unless asked for."""
+    messages = two_turns()
+    messages[1] = {**messages[1], "reasoning_content": "greet back"}
+    template = Template("bundled://tiny-qwen3.5")
+    with pytest.raises(HistoryMismatchError, match="assistant turn 0") as caught:
+        template.encode({"messages": messages})
+    assert "greet back" in str(caught.value)
+    last = template.encode({"messages": messages}, train_turns="last")
     assert (
         template.decode([t for t in last["labels"] if t != -100])
         == "\n</think>\n\nIt is 5.<|im_end|>"
     )
     warned = Template("bundled://tiny-qwen3.5", history_mismatch="warn").encode(
-        {"messages": two_turns()}
+        {"messages": messages}
     )
     replies = template.decode([t for t in warned["labels"] if t != -100])
     assert replies == "Hi there.<|im_end|>\n</think>\n\nIt is 5.<|im_end|>"

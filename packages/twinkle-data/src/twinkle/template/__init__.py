@@ -14,7 +14,9 @@ A conversation is rendered once with the tokenizer's own chat template and token
 labels come from the character spans of the assistant's text. A trained turn that renders
 differently in the whole conversation than turn by turn (a template that rewrites
 history) is detected and raises :class:`HistoryMismatchError`, or with
-``history_mismatch='warn'`` is logged and labelled as the whole conversation renders it.
+``history_mismatch='warn'`` is logged and labelled as the whole conversation renders it. A
+rewrite that drops only markup (the empty think block Qwen3 writes on a final reply) loses
+no text of the conversation: that turn is labelled as the whole conversation renders it.
 
 Generated text goes back the other way with ``Template.parse_response`` (an assistant
 message with ``reasoning_content`` and ``tool_calls``) and ``Template.parse_tool_calls``;

@@ -23,12 +23,12 @@ from twinkle.template.conversation import (
     to_trajectory,
 )
 from twinkle.template.errors import EncodeError, HistoryMismatchError
-from twinkle.template.history import history_difference
+from twinkle.template.history import history_difference, markup_only_rewrite, markup_pattern
 from twinkle.template.labels import labels_from_spans
 from twinkle.template.rendering import Rendered, Span, has_generation_markers, render
 from twinkle.template.tool_calls import TOOL_CALL_FORMATS, ToolCallFormat, detect_tool_call_format
 from twinkle.template.truncation import TRUNCATION_STRATEGIES, TruncationStrategy, truncate
-from twinkle.template.turns import locate_reply, reply_span, stop_tokens
+from twinkle.template.turns import locate_reply, nth_reply, reply_span, stop_tokens
 from twinkle.utils import get_logger
 
 logger = get_logger(__name__)
@@ -76,7 +76,12 @@ class Template:
             that rewrites history, such as dropping the reasoning of earlier turns):
             ``'raise'`` a :class:`HistoryMismatchError`, or ``'warn'`` and label the turn
             as the whole conversation renders it (the tokens the model is trained on are
-            always exactly the tokens of the whole rendering).
+            always exactly the tokens of the whole rendering). A rewrite that drops only
+            markup, no text of the conversation, is neither: the empty think block Qwen3
+            writes on the final reply (and Qwen3.5 on every reply after the last user
+            message) is left out of earlier turns, so each earlier reply is trained as
+            the whole conversation renders it, as the model sees it in its history at
+            inference (``history.markup_only_rewrite``).
         chat_template: a Jinja chat template to use instead of the tokenizer's own, or the
             name of one of the tokenizer's templates.
         tool_call_format: how the model writes tool calls, for :meth:`parse_response`: a
@@ -152,6 +157,9 @@ class Template:
             if tool_call_format is None
             else TOOL_CALL_FORMATS.get(tool_call_format)()
         )
+        added = list(self.tokenizer.get_added_vocab())
+        self._markup = markup_pattern(added)
+        self._longest_markup = max(map(len, added), default=0)
         # The variables apply_chat_template gives a template, so both render the same text.
         self._variables = dict(self.tokenizer.special_tokens_map)
         if enable_thinking is not None:
@@ -343,7 +351,10 @@ class Template:
             )
             prefix_span = self._assistant_spans(prefix, turn + 1, index)[-1]
             difference = history_difference(rendered.text, spans[turn], prefix.text, prefix_span)
-            if difference is not None:
+            if (
+                difference is not None
+                and self._markup_only(rendered.text, prefix, prefix_span) != spans[turn]
+            ):
                 self._report_history_mismatch(index, turn, difference)
         return [spans[turn] for turn in conv.trained]
 
@@ -370,11 +381,15 @@ class Template:
                 span = self._reply_after_header(conv, position, prompt, through, turn, index)
             if not last:
                 difference = history_difference(text, span, through, span)
-                if difference is not None:
+                rewritten = None if difference is None else self._markup_only(text, through, span)
+                if rewritten is not None:
+                    span = rewritten
+                elif difference is not None:
                     self._report_history_mismatch(index, turn, difference)
                     after = spans[-1][1] if spans else 0
                     header = self._reply_header(conv, position, prompt, index)
-                    span = locate_reply(text, through[span[0] : span[1]], after, header)
+                    counted = nth_reply(text, header, turn, len(conv.assistants), self.stop_tokens)
+                    span = counted or locate_reply(text, through[span[0] : span[1]], after, header)
             spans.append(span)
         return spans
 
@@ -405,6 +420,14 @@ class Template:
         header): one more render, made only for a warned history mismatch."""
         bare = self._render(conv.messages[:position], conv.tools, False, False, index).text
         return prompt[len(os.path.commonprefix([bare, prompt])) :]
+
+    def _markup_only(self, text: str, prefix: Rendered | str, prefix_span: Span) -> Span | None:
+        """The turn's span in the whole rendering ``text`` when its turn-by-turn rendering
+        differs only by markup the template writes (``history.markup_only_rewrite``)."""
+        prefix_text = prefix if isinstance(prefix, str) else prefix.text
+        return markup_only_rewrite(
+            text, prefix_text, prefix_span, self._markup, self._longest_markup
+        )
 
     def _report_history_mismatch(self, index: int, turn: int, difference: str) -> None:
         error = HistoryMismatchError(

@@ -10,6 +10,7 @@ from twinkle.template.rendering import Rendered, Span
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n"
 _END_OF_TURN = "<|im_end|>"
+_EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 class Qwen3_5Template(Template):
@@ -20,11 +21,13 @@ class Qwen3_5Template(Template):
     templates keep it only for turns after the last user message) and its tool calls as
     ``<tool_call>`` JSON after it; tool results come back as ``<tool_response>`` blocks
     inside a user turn. With ``enable_thinking=False`` the generation prompt carries an
-    empty think block, so the model answers without reasoning.
+    empty think block, so the model answers without reasoning (and a reply's empty think
+    block is the prompt's, not trained).
 
     The assistant's text is found by the format rather than by ``{% generation %}`` blocks
     (which the templates Qwen ships do not have): from after each
-    ``<|im_start|>assistant\\n`` through its ``<|im_end|>``. Arguments are those of
+    ``<|im_start|>assistant\\n`` (and the empty think block the generation prompt holds
+    with ``enable_thinking=False``) through its ``<|im_end|>``. Arguments are those of
     :class:`Template`; the tokenizer must have the ChatML special tokens.
     """
 
@@ -46,6 +49,8 @@ class Qwen3_5Template(Template):
         header = text.find(_ASSISTANT_HEADER)
         while header != -1:
             start = header + len(_ASSISTANT_HEADER)
+            if self.enable_thinking is False and text.startswith(_EMPTY_THINK, start):
+                start += len(_EMPTY_THINK)
             end = text.find(_END_OF_TURN, start)
             if end == -1:
                 break  # a turn that never ends; the count check below reports it

@@ -44,6 +44,26 @@ def reply_span(prompt: str, through: str, stops: tuple[str, ...]) -> Span | str:
     return start, max(ends, default=len(through))
 
 
+def nth_reply(text: str, header: str, turn: int, turns: int, stops: tuple[str, ...]) -> Span | None:
+    """Where assistant turn ``turn`` of ``turns`` sits in ``text`` (a rewritten turn) when
+    the whole rendering opens exactly ``turns`` replies with ``header``: from after its
+    header through its first stop token; None when the headers do not count the turns."""
+    if not header:
+        return None
+    starts = []
+    at = text.find(header)
+    while at != -1:
+        starts.append(at + len(header))
+        at = text.find(header, starts[-1])
+    if len(starts) != turns:
+        return None
+    start = starts[turn]
+    limit = starts[turn + 1] if turn + 1 < turns else len(text)
+    ends = [text.find(stop, start, limit) for stop in stops]
+    ends = [end + len(stop) for end, stop in zip(ends, stops, strict=True) if end != -1]
+    return (start, min(ends)) if ends else None
+
+
 def locate_reply(text: str, reply: str, after: int, header: str) -> Span:
     """Where a reply that the whole conversation renders differently (a rewritten turn)
     sits in ``text`` after ``after``: the longest end of ``reply`` found there (what a
