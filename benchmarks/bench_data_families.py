@@ -13,9 +13,10 @@ token by token in tests/test_template_families.py). Target: Template >= 0.8x.
 
 Rows: bench_data_encode's synthetic conversations (1-3 turns, every other with a system
 prompt; Gemma folds it into the first user turn, as its template does), all
-assistant turns trained (``train_turns='all'``) and the last only (``'last'``); Qwen3.5's
-and Mistral's templates rewrite earlier turns (reasoning dropped; the system prompt moved
-to the last user turn), so they run 'last' only. Medians of ``--runs``
+assistant turns trained (``train_turns='all'``) and the last only (``'last'``); Mistral's
+template rewrites earlier turns (the system prompt moved to the last user turn), so it runs
+'last' only (Qwen3's and Qwen3.5's drop only the empty think block of earlier replies,
+which trains every turn). Medians of ``--runs``
 interleaved runs, rows per CPU-second of this process.
 
     .venv/bin/python benchmarks/bench_data_families.py [--runs 5] [--rows 500]
@@ -47,7 +48,7 @@ FAMILIES = [
     "tiny-glm4.5",
     "tiny-phi4",
 ]
-REWRITES_HISTORY = {"tiny-qwen3.5", "tiny-mistral"}  # reasoning; the system prompt
+REWRITES_HISTORY = {"tiny-mistral"}  # the system prompt moves to the last user turn
 TARGET = 0.8
 
 
