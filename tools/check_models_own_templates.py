@@ -1,0 +1,193 @@
+"""Check Twinkle's built-in chat formats against the models' own Jinja chat templates, where a
+package on the registry ships them: ``trl`` keeps the templates models ship, byte for byte,
+to recognise a tokenizer's model (``trl/chat_templates/<name>.jinja``, its README says which
+repository each comes from); ``axolotl`` ships templates of families TRL lacks (its
+``mistral_v2v3.jinja``; its ``phi_4.jinja`` is Phi-4-reasoning's, with that model's default
+system prompt, so Phi-4 has no template of its own to check against here).
+
+For each (built-in Template, bundled tiny model, model's template) and each conversation:
+the built-in's rendering against the model's template's (text), then the built-in's encoding
+against the generic ``Template`` on the model's template (each reply found by rendering its
+turn), token for token and label for label, every turn trained. Neither package is a
+Twinkle dependency; unpack their wheels (no install needed):
+
+    pip download --no-deps -d /tmp/w trl==1.16.0 && unzip -q /tmp/w/trl-*.whl -d /tmp/w/trl
+    pip download --no-deps --python-version 3.12 --only-binary=:all: -d /tmp/w axolotl==0.21.0
+    unzip -q /tmp/w/axolotl-*.whl -d /tmp/w/axolotl
+    .venv/bin/python tools/check_models_own_templates.py /tmp/w/trl/trl/chat_templates \\
+        /tmp/w/axolotl/axolotl/utils/chat_templates/templates
+
+Prints one line per (format, conversation): 'same', or where the two differ. Exit status 1
+when any differ.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from twinkle.template import TEMPLATES, HistoryMismatchError, Template
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+# DeepSeek's template writes the arguments as given: a JSON string.
+TEXT_CALL = {
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+CONVERSATIONS: dict[str, dict[str, Any]] = {
+    "single": {
+        "messages": [
+            {"role": "user", "content": "What is 2 plus 3?"},
+            {"role": "assistant", "content": "It is 5."},
+        ]
+    },
+    "system, two turns": {
+        "messages": [
+            {"role": "system", "content": "You help."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi there."},
+            {"role": "user", "content": "Add 2 and 3."},
+            {"role": "assistant", "content": "It is 5."},
+        ]
+    },
+    "reasoning": {
+        "messages": [
+            {"role": "user", "content": "What is 2 plus 3?"},
+            {"role": "assistant", "content": "It is 5.", "reasoning_content": "2 + 3 = 5"},
+        ]
+    },
+    "tools": {
+        "messages": [
+            {"role": "system", "content": "You help."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+        "tools": [WEATHER],
+    },
+}
+CONVERSATIONS["tools, string arguments"] = {
+    **CONVERSATIONS["tools"],
+    "messages": [
+        {**m, "tool_calls": [TEXT_CALL]} if m.get("tool_calls") else m
+        for m in CONVERSATIONS["tools"]["messages"]
+    ],
+}
+# (built-in Template, bundled model, the model's template file, where it is, settings,
+# conversations the format has: formats without reasoning or tools skip those).
+ALL = ("single", "system, two turns", "reasoning", "tools")
+CHECKS = [
+    ("Qwen3Template", "tiny-qwen3", "qwen3.jinja", "trl", {}, ALL),
+    ("Qwen3Template", "tiny-qwen3", "qwen3.jinja", "trl", {"enable_thinking": False}, ALL),
+    (
+        "Qwen2_5Template",
+        "tiny-qwen2.5",
+        "qwen2_5.jinja",
+        "trl",
+        {},
+        ("single", "system, two turns", "tools"),
+    ),
+    ("Qwen3_5FormatTemplate", "tiny-qwen3.5", "qwen3_5_think.jinja", "trl", {}, ALL),
+    (
+        "Llama3Template",
+        "tiny-llama3",
+        "llama3_1.jinja",
+        "trl",
+        {},
+        ("single", "system, two turns", "tools"),
+    ),
+    ("Gemma3Template", "tiny-gemma3", "gemma3.jinja", "trl", {}, ("single", "system, two turns")),
+    (
+        "DeepSeekV3Template",
+        "tiny-deepseek-v3",
+        "deepseekv3.jinja",
+        "trl",
+        {},
+        ("single", "system, two turns", "tools, string arguments"),
+    ),
+    ("Glm4Template", "tiny-glm4.5", "glm4moe.jinja", "trl", {}, ALL),
+    (
+        "MistralTemplate",
+        "tiny-mistral",
+        "mistral_v2v3.jinja",
+        "axolotl",
+        {},
+        ("single", "system, two turns"),
+    ),
+]
+
+
+def first_difference(ours: str, theirs: str) -> str:
+    at = len(os.path.commonprefix([ours, theirs]))
+    lo = max(0, at - 20)
+    return f"from character {at}: ours {ours[lo : at + 40]!r}, theirs {theirs[lo : at + 40]!r}"
+
+
+def compare(built_in: Template, own: Template, row: dict[str, Any]) -> str:
+    try:
+        theirs = own.render(row)
+    except Exception as err:  # the model's template refuses the conversation
+        return f"the model's template refuses it: {err}"
+    ours = built_in.render(row)
+    if ours != theirs:
+        return "rendering differs " + first_difference(ours, theirs)
+    last = max(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+    prompt = {**row, "messages": row["messages"][:last]}
+    ours, theirs = (t.render(prompt, add_generation_prompt=True) for t in (built_in, own))
+    if ours != theirs:
+        return "generation prompt differs " + first_difference(ours, theirs)
+    try:
+        expected = own.encode(row)
+    except HistoryMismatchError:
+        try:
+            expected = own.encode(row, train_turns="last")
+        except HistoryMismatchError as err:
+            # Reasoning with enable_thinking=False: the generation prompt's empty think
+            # block is not how the reply opens, so no reply can be cut from the model's
+            # template; the texts were compared above.
+            return f"same text; the model's template labels no reply: {str(err)[:60]}..."
+        got = built_in.encode(row, train_turns="last")
+        note = " (the last turn: the format rewrites earlier ones)"
+    else:
+        got = built_in.encode(row)
+        note = ""
+    if got["input_ids"].tolist() != expected["input_ids"].tolist():
+        return "tokens differ"
+    if got["labels"].tolist() != expected["labels"].tolist():
+        return "labels differ"
+    return "same" + note
+
+
+def main() -> None:
+    folders = {"trl": Path(sys.argv[1]), "axolotl": Path(sys.argv[2])}
+    failed = False
+    for name, folder, file, source, settings, conversations in CHECKS:
+        path = folders[source] / file
+        model_id = f"bundled://{folder}"
+        built_in = TEMPLATES.get(name)(model_id, **settings)
+        own = Template(model_id, chat_template=path.read_text(), **settings)
+        for title in conversations:
+            verdict = compare(built_in, own, CONVERSATIONS[title])
+            failed |= not verdict.startswith("same")
+            flag = ",".join(f"{k}={v}" for k, v in settings.items())
+            print(f"{name:22} {source}/{file:24} {flag:22} {title:18} {verdict}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
