@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     start = time.perf_counter()
 
     teacher = TransformersModel(model_id=STUDENT, config=teacher_config())
-    teacher.set_template("Qwen3_5Template")
+    teacher.set_template("Qwen3_5Template", enable_thinking=False)
     teacher.set_optimizer("AdamW", lr=args.teacher_lr)
     for _ in range(args.teacher_steps):
         teacher.forward_backward(inputs=[answer_row(*rng.choice(train)) for _ in range(8)])
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     logger.info(f"teacher trained ({time.perf_counter() - start:.0f} s)")
 
     student = TransformersModel(model_id=STUDENT)
-    student.set_template("Qwen3_5Template")
+    student.set_template("Qwen3_5Template", enable_thinking=False)
     on_policy = args.method == "reverse-kl"
     lr = args.lr if args.lr is not None else (3e-3 if on_policy else 1e-2)
     warmup = args.student_warmup if args.student_warmup is not None else (10 if on_policy else 0)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     student.set_loss(name, **kwargs)
     evaluation = [answer_row(a, b) for a, b in held_out]
     sampler = TorchSampler(model_id=STUDENT, seed=args.seed)
-    sampler.set_template("Qwen3_5Template")
+    sampler.set_template("Qwen3_5Template", enable_thinking=False)
     ckpt_manager = CheckpointEngineManager(model=student, sampler=sampler)
     ckpt_manager.sync_weights(merge_and_sync=True)
     reverse_kl = ReverseKLAdvantage()

@@ -85,18 +85,18 @@ def run(args: argparse.Namespace, folder: str) -> dict[str, object]:
 
     # 1. The SFT warm start of grpo_arithmetic, then the critic from the policy's weights.
     policy = TransformersModel(model_id=args.model_id)
-    policy.set_template("Qwen3_5Template")
+    policy.set_template("Qwen3_5Template", enable_thinking=False)
     policy.set_optimizer("AdamW", lr=args.sft_lr)
     for _ in range(args.sft_steps):
         policy.forward_backward(inputs=[task.sft_row(*rng.choice(train), rng) for _ in range(16)])
         policy.clip_grad_and_step()
     warm = policy.save("sft", output_dir=folder, save_optimizer=False)
     critic = TransformersValueModel(model_id=warm)
-    critic.set_template("Qwen3_5Template")
+    critic.set_template("Qwen3_5Template", enable_thinking=False)
     critic.set_optimizer("AdamW", lr=args.critic_lr)
 
     sampler = TorchSampler(model_id=args.model_id, seed=args.seed)
-    sampler.set_template("Qwen3_5Template")
+    sampler.set_template("Qwen3_5Template", enable_thinking=False)
     ckpt_manager = CheckpointEngineManager(model=policy, sampler=sampler)
     ckpt_manager.sync_weights(merge_and_sync=True)
     before = task.held_out_reward(sampler, held_out)
