@@ -18,6 +18,11 @@ GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
 
     .venv/bin/python benchmarks/bench_agentic.py [--repeats 3] [--sft-steps 600]
     .venv/bin/python benchmarks/bench_agentic.py --parts rollout --repeats 5   # 1. only
+    .venv/bin/python benchmarks/bench_agentic.py --parts decoupled   # 3. only
+
+3. **Decoupled** (alone): GRPOLoss against DecoupledPPOLoss from one warm start, both at
+   max_staleness ``--decoupled-staleness`` (2), with held-out success every
+   ``--eval-every`` steps, the range of ratios to the sampler and the importance weights.
 
 On this machine the producer is a thread sharing 2 cores with the trainer (and with
 whoever else runs): the async figures measure that, not a cluster where the sampler has
@@ -166,18 +171,63 @@ def bench_async(recipe, args) -> dict:
     return {"target": target, "runs": runs, "warm_state": warm, "model": model}
 
 
+def bench_decoupled(recipe, args) -> dict:
+    """GRPOLoss against DecoupledPPOLoss at the largest staleness, from one warm start."""
+    rng = random.Random(0)
+    train, held_out = arithmetic_tasks("train"), arithmetic_tasks("test")
+    model = recipe.warm_start(recipe.parse_args(["--sft-steps", str(args.sft_steps)]), rng, train)
+    warm = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
+    runs = {}
+    for loss in ("GRPOLoss", "DecoupledPPOLoss"):
+        model.model.load_state_dict(warm)
+        run_args = recipe.parse_args(
+            [
+                "--grpo-steps", str(args.grpo_steps), "--eval-every", str(args.eval_every),
+                "--max-staleness", str(args.decoupled_staleness), "--loss", loss,
+            ]
+        )  # fmt: skip
+        runs[loss] = recipe.run_grpo(model, run_args, random.Random(1), train, held_out)
+    return runs
+
+
+def print_decoupled(runs: dict, args) -> None:
+    k = args.decoupled_staleness
+    print(
+        f"| loss, k = {k}, {args.grpo_steps} steps | held-out success by evaluation | GRPO s | "
+        f"ratio to the sampler, min-max over steps | is weight mean, max over steps |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for loss, run in runs.items():
+        curve = " -> ".join(f"{success:.3f}" for _, success in run["curve"])
+        low = min(r[0] for r in run["ratio_range"])
+        high = max(r[1] for r in run["ratio_range"])
+        weights = run["is_weights"]
+        shown = "-" if not weights else (
+            f"{min(w[0] for w in weights):.3f}-{max(w[0] for w in weights):.3f}, "
+            f"{max(w[1] for w in weights):.2f}"
+        )  # fmt: skip
+        print(f"| {loss} | {curve} | {run['grpo_seconds']:.0f} | {low:.2f}-{high:.2f} | {shown} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--grpo-steps", type=int, default=12)
     parser.add_argument("--eval-every", type=int, default=3)
-    parser.add_argument("--parts", default="rollout,async", help="rollout, async or both")
+    parser.add_argument(
+        "--parts", default="rollout,async", help="rollout, async, decoupled (comma-separated)"
+    )
+    parser.add_argument("--decoupled-staleness", type=int, default=2)
     args, _ = parser.parse_known_args()  # bench-rl passes its arguments to every script
     parts = set(args.parts.split(","))
-    if not parts or parts - {"rollout", "async"}:
-        parser.error(f"--parts takes rollout, async or both, got {args.parts!r}")
+    if not parts or parts - {"rollout", "async", "decoupled"}:
+        parser.error(f"--parts takes rollout, async and decoupled, got {args.parts!r}")
     recipe = load_recipe()
+    if parts == {"decoupled"}:  # GRPOLoss against DecoupledPPOLoss on stale batches only
+        print(f"\n## Agentic RL, decoupled PPO ({datetime.date.today()}, commit {commit()})\n")
+        print_decoupled(bench_decoupled(recipe, args), args)
+        return
 
     if "async" in parts:
         result = bench_async(recipe, args)
