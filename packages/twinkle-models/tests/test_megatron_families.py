@@ -26,6 +26,7 @@ CASES = (
     # bias and a scaling factor, experts over dp2 × ep2; then a dense and an MoE stage
     "tiny-deepseek-v3+bias:ep2",
     "tiny-deepseek-v3:pp2",
+    "lora_peft:tiny-glm4.5@tp2sp",  # attention, experts and router, as peft adapts them
     "lora_refused:tiny-phi4",
 )
 LOGIT_TOL = 1e-5
@@ -57,7 +58,7 @@ def check_equivalence(case: dict) -> None:
     assert case["metrics"]["tokens"] == case["reference_metrics"]["tokens"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("lora_refused")])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("lora_")])
 def test_family_converts_and_trains_like_transformers_model(ranks, case):
     for rank in ranks:
         check_equivalence(rank[case])
@@ -68,3 +69,17 @@ def test_lora_on_fused_projections_is_refused_naming_the_alternative(ranks):
     for rank in ranks:
         message = rank["lora_refused:tiny-phi4"]
         assert "qkv_proj, gate_up_proj" in message and "TransformersModel" in message
+
+
+def test_lora_on_glm_trains_exports_and_resumes_like_peft(ranks):
+    for rank in ranks:
+        case = rank["lora_peft:tiny-glm4.5@tp2sp"]
+        assert case["base_frozen"] is True and case["trained_change"] > 0.1
+        assert all(
+            abs(a - b) < LOSS_TOL
+            for a, b in zip(case["losses"], case["reference_losses"], strict=True)
+        )
+        assert case["resumed_logps_equal"] is True
+    first = ranks[0]["lora_peft:tiny-glm4.5@tp2sp"]
+    assert first["peft_logps_diff"] < LOGIT_TOL  # the saved adapter, loaded by peft
+    assert first["merged_logps_diff"] < LOGIT_TOL  # the merged export, in transformers

@@ -150,7 +150,8 @@ def test_sigmoid_routing_reads_as_megatrons_router_or_is_refused():
     assert (spec.score_function, spec.expert_bias, spec.moe_layers) == ("sigmoid", True, (0, 1))
     assert (spec.num_experts, spec.topk, spec.shared_ffn_hidden_size) == (4, 2, 32)
     assert (spec.num_groups, spec.rotary_percent, spec.qk_norm) == (0, 0.5, False)
-    assert "shared experts" in spec.lora_refused
+    assert spec.lora_refused is None  # attention, experts and router, as peft adapts them
+    assert "latent attention" in gpt_spec(_bundled("tiny-deepseek-v3"), tp=1).lora_refused
     assert gpt_spec(_with(glm, use_qk_norm=True), tp=1).qk_norm is True
     with pytest.raises(ValueError, match="renormalises sigmoid top-k weights exactly when k > 1"):
         gpt_spec(_with(glm, norm_topk_prob=False), tp=1)

@@ -8,8 +8,9 @@ load-balancing bias (``e_score_correction_bias``, zero at init) drawn at random,
 changes which experts are chosen. Each case encodes four conversations with the family's own
 chat template (the generic ``Template``), compares logits, logps and the weights' round trip
 and export, then three AdamW steps (``megatron_parallel.equivalence``).
-``lora_refused:<bundled name>`` records the error of LoRA on a family whose MegatronRules
-refuse it.
+``lora_peft:<bundled name>@<layout>`` trains LoRA on all linears against peft
+(``megatron_parallel.lora_case``); ``lora_refused:<bundled name>`` records the error of LoRA
+on a family whose MegatronRules refuse it.
 
 Each rank writes ``OUT_DIR/rank<r>.json`` with, per case, the figures the test asserts on.
 """
@@ -69,6 +70,19 @@ def with_random_router_bias(model_id: str, root: Path) -> Path:
     return folder
 
 
+def lora_trains_like_peft(name: str, root: Path, layout: str) -> dict:
+    """LoRA on all linears under ``layout`` against peft on the Hugging Face model: peft's
+    rewrite for an MoE model adapts the attention, the fused experts and the router."""
+    from megatron_parallel import lora_case
+    from transformers import AutoConfig
+
+    from twinkle.hub import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(f"bundled://{name}"))
+    feats = family_features(f"bundled://{name}")
+    return lora_case(feats, root / f"lora_{name}", LAYOUTS[layout], config)
+
+
 def lora_refused(model_id: str) -> str | None:
     from peft import LoraConfig
 
@@ -89,6 +103,9 @@ def main() -> None:
         head, tail = case.split(":")
         if head == "lora_refused":
             results[case] = lora_refused(f"bundled://{tail}")
+        elif head.startswith("lora_"):
+            name, layout = tail.rsplit("@", 1)
+            results[case] = lora_trains_like_peft(name, out_dir, layout)
         else:
             name, _, bias = head.partition("+")
             bundled = f"bundled://{name}"

@@ -99,10 +99,6 @@ SIGMOID_MOE_WEIGHTS = {
     "mlp.shared_experts.linear_fc2.weight": ("row", ("mlp.shared_experts.down_proj.weight",)),
 }
 """The router's bias and the shared experts (tensor-parallel like a dense MLP)."""
-SHARED_EXPERTS_LORA = (
-    "MegatronModel's LoRA does not map the shared experts (mlp.shared_experts) yet; train "
-    "LoRA on this family with TransformersModel"
-)
 
 
 def mla_megatron(config: Any) -> dict[str, Any]:
@@ -154,8 +150,7 @@ DEEPSEEK_V3_MEGATRON = MegatronRules(
     moe=sigmoid_moe_megatron,
     weights={**MLA_WEIGHTS, **SIGMOID_MOE_WEIGHTS},
     lora="MegatronModel's LoRA does not map multi-head latent attention (q_a_proj, q_b_proj, "
-    "kv_a_proj_with_mqa, kv_b_proj) nor the shared experts yet; train LoRA on DeepSeek-V3 "
-    "with TransformersModel",
+    "kv_a_proj_with_mqa, kv_b_proj) yet; train LoRA on DeepSeek-V3 with TransformersModel",
     attention=mla_megatron,
 )
 
@@ -163,7 +158,6 @@ GLM4_MOE_MEGATRON = MegatronRules(
     qk_norm=lambda config: bool(config.use_qk_norm),
     moe=sigmoid_moe_megatron,
     weights={**GPT_LAYER_WEIGHTS, **SIGMOID_MOE_WEIGHTS},
-    lora=SHARED_EXPERTS_LORA,
 )
 
 DEEPSEEK_V3 = ModelFamily(
