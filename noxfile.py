@@ -205,7 +205,8 @@ def bench_model(session: nox.Session) -> None:
 @nox.session(name="bench-parallel", default=False)
 def bench_parallel(session: nox.Session) -> None:
     """Padding-free against padded tokens/s; FSDP2 against DDP bytes on the wire per step;
-    ring attention's bytes per step at cp2 and cp4 against theory."""
+    tensor parallel's bytes per family and with dp, Ulysses and EP against theory; ring
+    attention's bytes per step at cp2 and cp4 against theory."""
     _run_benchmarks(
         session,
         "twinkle-models",
