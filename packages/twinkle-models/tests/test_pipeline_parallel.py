@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from twinkle import DeviceMesh
+from twinkle.hub import resolve_model
 from twinkle.model import TransformersModel
-from twinkle.model.transformers.strategy.pipeline import PipelineConfig
+from twinkle.model.families.base import DECODER_LAYOUT
+from twinkle.model.transformers.strategy.pipeline import PipelineConfig, stage_costs
 from twinkle.model.transformers.strategy.pipeline_split import stage_layers
 
 SCRIPT = Path(__file__).parent / "scripts" / "pipeline_train.py"
@@ -110,6 +112,20 @@ def test_split_balances_parameters_and_honours_an_explicit_split():
     assert stage_layers([10] * 6, 3, None) == [range(0, 2), range(2, 4), range(4, 6)]
     assert stage_layers([10] * 4, 2, None, split=[1, 3]) == [range(0, 1), range(1, 4)]
     assert stage_layers([10] * 8, 2, 2) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+
+
+def test_the_split_counts_a_tied_head_on_the_last_stage():
+    """The last stage holds a copy of a tied embedding as its head: it weighs as much there
+    as on the first stage, so 8 equal layers split 4/4, not 3/5."""
+    config = AutoConfig.from_pretrained(resolve_model("bundled://tiny-qwen3"))
+    config.num_hidden_layers, config.layer_types = 8, ["full_attention"] * 8
+    base = AutoModelForCausalLM.from_config(config)
+    assert base.lm_head.weight is base.model.embed_tokens.weight
+    sizes, first, last = stage_costs(base, DECODER_LAYOUT)
+    assert first == config.vocab_size * config.hidden_size
+    assert last == first + config.hidden_size  # the head's copy and the final norm
+    stages = stage_layers(sizes, 2, None, first_extra=first, last_extra=last)
+    assert stages == [range(0, 4), range(4, 8)]
 
 
 @pytest.mark.parametrize(

@@ -134,17 +134,16 @@ class PipelinePlan:
         family = family_of(base.config)
         layout = family.pipeline
         decoder = base.get_decoder()
-        sizes = [_numel(layer) for layer in getattr(decoder, layout.layers)]
         embed = getattr(decoder, layout.embed)
         head = getattr(base, layout.head)
         tied = head.weight is embed.weight
-        head_size = 0 if tied else _numel(head)
+        sizes, first, last = stage_costs(base, layout)
         stages = stage_layers(
             sizes,
             self.pp,
             self.mesh.vpp_size,
-            first_extra=_numel(embed),
-            last_extra=_numel(getattr(decoder, layout.norm)) + head_size,
+            first_extra=first,
+            last_extra=last,
             split=self.config.split,
         )
         self.stages = stages
@@ -343,6 +342,18 @@ class PipelinePlan:
 
     def _comm_device(self) -> torch.device:
         return torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+
+
+def stage_costs(base: nn.Module, layout: Any) -> tuple[list[int], int, int]:
+    """What the split balances: each decoder layer's parameter count, the embedding's (first
+    stage) and the final norm's and head's (last stage). A head tied to the embedding counts
+    in full too: the last stage holds a copy of it and runs its matmul, the largest of a
+    small model."""
+    decoder = base.get_decoder()
+    sizes = [_numel(layer) for layer in getattr(decoder, layout.layers)]
+    head = getattr(base, layout.head)
+    norm = getattr(decoder, layout.norm)
+    return sizes, _numel(getattr(decoder, layout.embed)), _numel(norm) + head.weight.numel()
 
 
 def _hf_model(model: nn.Module) -> nn.Module:
