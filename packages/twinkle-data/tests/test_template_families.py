@@ -65,14 +65,17 @@ def llama3(messages, tools):
     if tools:
         head += "Environment: ipython\n"
     head += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
-    if tools:
-        head += (
-            "You have access to the following functions. To call one, respond with a JSON "
-            'object {"name": function name, "parameters": dictionary of argument name and '
-            "its value}.\n\n"
-        )
-        head += "".join(json.dumps(t, indent=4) + "\n\n" for t in tools)
     pieces = [(head + system + "<|eot_id|>", False)]
+    if tools:  # in the first user turn, as Llama 3.1's template puts them by default
+        guide = (
+            "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, "
+            "please respond with a JSON for a function call with its proper arguments that "
+            'best answers the given prompt.\n\nRespond in the format {"name": function name, '
+            '"parameters": dictionary of argument name and its value}.Do not use variables.\n\n'
+        )
+        guide += "".join(json.dumps(t, indent=4) + "\n\n" for t in tools)
+        pieces.append((guide + rest[0]["content"] + "<|eot_id|>", False))
+        rest = rest[1:]
     for m in rest:
         if m["role"] == "assistant":
             pieces.append(("<|start_header_id|>assistant<|end_header_id|>\n\n", False))
@@ -82,9 +85,11 @@ def llama3(messages, tools):
                 body = m["content"]
             pieces.append((body + "<|eot_id|>", True))
         else:
-            role = "ipython" if m["role"] == "tool" else m["role"]
+            role, content = m["role"], m["content"]
+            if role == "tool":  # a result is written as JSON, a string in quotes
+                role, content = "ipython", json.dumps(content)
             pieces.append(
-                (f"<|start_header_id|>{role}<|end_header_id|>\n\n{m['content']}<|eot_id|>", False)
+                (f"<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>", False)
             )
     return pieces
 
