@@ -25,6 +25,8 @@ CASES = (
     # DeepSeek-V3: latent attention, group-limited sigmoid routing (2 groups) with a random
     # bias and a scaling factor, experts over dp2 × ep2; then a dense and an MoE stage
     "tiny-deepseek-v3+bias:ep2",
+    # the rope key shared by every head keeps every tp rank's part of its gradient
+    "tiny-deepseek-v3+bias:tp2sp",
     "tiny-deepseek-v3:pp2",
     "lora_peft:tiny-glm4.5@tp2sp",  # attention, experts and router, as peft adapts them
     "lora_refused:tiny-phi4",

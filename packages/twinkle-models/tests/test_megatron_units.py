@@ -161,7 +161,7 @@ def test_sigmoid_routing_reads_as_megatrons_router_or_is_refused():
         gpt_spec(_with(glm, n_group=2, topk_group=2), tp=1)
 
 
-def test_latent_attention_reads_as_megatrons_and_refuses_tensor_parallel():
+def test_latent_attention_reads_as_megatrons_and_refuses_context_parallel():
     from twinkle.model.megatron.config import transformer_config
 
     deepseek = _bundled("tiny-deepseek-v3")
@@ -178,8 +178,8 @@ def test_latent_attention_reads_as_megatrons_and_refuses_tensor_parallel():
         "column",
         ("self_attn.kv_a_proj_with_mqa.weight",),
     )
-    with pytest.raises(ValueError, match="tp_size=2 with multi-head latent attention"):
-        transformer_config(spec, _layout(tp_size=2), "fp32", on_accelerator=False)
+    with pytest.raises(ValueError, match="cp_size > 1 with multi-head latent attention"):
+        transformer_config(spec, _layout(cp_size=2), "fp32", on_accelerator=False)
     with pytest.raises(ValueError, match="always reads the rope dimensions interleaved"):
         gpt_spec(_with(deepseek, rope_interleave=False), tp=1)
     with pytest.raises(ValueError, match="rms_norm_eps=1e-05: transformers normalises"):

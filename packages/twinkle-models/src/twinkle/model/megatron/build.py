@@ -23,6 +23,7 @@ def build_gpt_chunks(spec: GPTSpec, config, device: torch.device) -> list[torch.
         _define_missing_te_gemm()
     if spec.mla:
         _mla_without_te()
+        _sum_rope_key_gradient(spec)
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp or 1):
@@ -86,6 +87,67 @@ def _mla_without_te() -> None:
 
     if not transformer_engine.HAVE_TE:
         multi_latent_attention.HAVE_TE = False
+
+
+class _SumTailGradient(torch.autograd.Function):
+    """Identity forward; backward sums the last ``width`` features' gradient over ``group``."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, width: int, group) -> torch.Tensor:
+        ctx.width, ctx.group = width, group
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        grad = grad.clone()
+        tail = grad[..., -ctx.width :].contiguous()
+        dist.all_reduce(tail, group=ctx.group)
+        grad[..., -ctx.width :] = tail
+        return grad, None, None
+
+
+_ROPE_TAILS: dict[int, int] = {}
+"""kv_lora_rank + rope width -> rope width, of the latent attention models built here."""
+
+
+def _sum_rope_key_gradient(spec: GPTSpec) -> None:
+    """NOTE: megatron-core 0.16's local MLA splits ``linear_kv_down_proj``'s output over tp
+    and gathers it back (``gather_from_tensor_model_parallel_region``). The gather's
+    backward keeps each rank's own columns, but the rope key (the last
+    ``qk_pos_emb_head_dim`` columns) is shared by every head, and each rank's gradient of
+    it holds its own heads' part only: the other ranks' parts are lost (gradient norms 3e-5
+    off at tp2). The gather, as that module calls it, sums the rope key's gradient over
+    tp first. The query's latent, gathered the same way, goes to this rank's heads only and
+    is told apart by its width."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer import multi_latent_attention
+
+    width = spec.mla["kv_lora_rank"] + spec.mla["qk_pos_emb_head_dim"]
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if spec.mla["q_lora_rank"] == width and tp > 1:
+        raise ValueError(
+            f"tp_size={tp} with q_lora_rank = kv_lora_rank + qk_rope_head_dim = {width}: "
+            "MegatronModel tells the two latents apart by width under tensor parallel; use "
+            "tp_size=1 for this model"
+        )
+    _ROPE_TAILS[width] = spec.mla["qk_pos_emb_head_dim"]
+    gather = multi_latent_attention.gather_from_tensor_model_parallel_region
+    if getattr(gather, "sums_rope_key", False):
+        return
+
+    def gather_summing_the_rope_key(tensor: torch.Tensor) -> torch.Tensor:
+        gathered = gather(tensor)
+        tail = _ROPE_TAILS.get(gathered.shape[-1])
+        if tail is None or parallel_state.get_tensor_model_parallel_world_size() == 1:
+            return gathered
+        return _SumTailGradient.apply(
+            gathered, tail, parallel_state.get_tensor_model_parallel_group()
+        )
+
+    gather_summing_the_rope_key.sums_rope_key = True
+    multi_latent_attention.gather_from_tensor_model_parallel_region = gather_summing_the_rope_key
 
 
 def load_weights(chunks: list[torch.nn.Module], spec: GPTSpec, reader: HFWeightReader) -> None:

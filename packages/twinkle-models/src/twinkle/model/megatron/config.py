@@ -5,8 +5,8 @@ MegatronRules: Qwen3 (q/k RMSNorm), Qwen3-MoE (every layer a mixture of experts,
 auxiliary loss in the training loss, as the Hugging Face model computes it), Qwen2,
 Llama, Mistral (optional q/k/v bias), Phi-3 / Phi-4 (fused projections, partial
 rotary), GLM-4.5 and DeepSeek-V3 (sigmoid routing with a fixed load-balancing bias,
-shared experts, dense first layers; DeepSeek-V3's multi-head latent attention without
-tensor parallel), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
+shared experts, dense first layers; DeepSeek-V3's multi-head latent attention, not under
+context parallel), all with RoPE, RMSNorm and SwiGLU MLPs. Anything that
 would silently change the maths (rope scaling, sliding windows, biases on other
 linears) is refused by name.
 
@@ -214,16 +214,6 @@ def transformer_config(spec: GPTSpec, layout: Any, precision: str, on_accelerato
             raise ValueError(
                 "cp_size > 1 with multi-head latent attention: MegatronModel's context "
                 "parallel covers standard attention only"
-            )
-        if layout.tp > 1:
-            # NOTE: megatron-core 0.16's local MLA splits linear_kv_down_proj's output over
-            # tp and gathers it back; the gather's backward keeps each rank's own columns,
-            # so the rope key's gradient (the last columns, shared by every head) keeps one
-            # rank's heads only. Measured: gradient norms 3e-5 off at tp2.
-            raise ValueError(
-                f"tp_size={layout.tp} with multi-head latent attention: megatron-core's local "
-                "layers lose part of the shared rope key's gradient under tensor parallel; "
-                "use dp, pp or ep (tp_size=1)"
             )
         attention = dict(
             **spec.mla,
