@@ -4,10 +4,12 @@ model (transformers 5's fused expert tensors, peft 0.21's ``target_parameters``)
 Two launches of scripts/megatron_lora_experts.py on 2 CPU processes (about 20 s each on
 2 cores): ep1 / ep2 / experts-only (rsLoRA), and etp2 / tp2 with sequence parallel (etp2
 and etp1) / pp2. Tolerances: logps agree with peft's to 1e-5 at a shared random init and after
-each of two AdamW steps, gradient norms to 1e-6 relative (float32 summation order differs
-across shards); the exported adapter loaded with peft and the exported merged model
-reproduce Megatron's logps to 1e-5; the merged weights equal peft's merge_and_unload to
-1e-6; resumes are exact.
+each of two AdamW steps, gradient norms to 5e-6 relative (float32 summation order differs
+across shards, and the second norm follows an AdamW step: 1.25e-6 measured on tp2sp_etp1
+with the real Qwen3 template's rows; a shard's gradient share dropped from one small
+parameter was 3.2e-5 off in MegatronModel's MLA); the exported adapter loaded with peft and
+the exported merged model reproduce Megatron's logps to 1e-5; the merged weights equal
+peft's merge_and_unload to 1e-6; resumes are exact.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from twinkle.model.megatron.lora_experts import peft_config_for
 
 SCRIPT = Path(__file__).parent / "scripts" / "megatron_lora_experts.py"
 LOGPS_TOL = 1e-5
-NORM_RTOL = 1e-6
+NORM_RTOL = 5e-6
 EXPERT_NAMES = [
     "base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight",  # gate_up
     "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight",
