@@ -29,6 +29,9 @@ CASES = (
     "tiny-deepseek-v3+bias:tp2sp",
     "tiny-deepseek-v3:pp2",
     "lora_peft:tiny-glm4.5@tp2sp",  # attention, experts and router, as peft adapts them
+    # latent attention's down- and up-projections, the experts and the router (tp2 with an
+    # MoE model needs sequence parallel)
+    "lora_peft:tiny-deepseek-v3@tp2sp",
     "lora_refused:tiny-phi4",
 )
 LOGIT_TOL = 1e-5
@@ -73,15 +76,28 @@ def test_lora_on_fused_projections_is_refused_naming_the_alternative(ranks):
         assert "qkv_proj, gate_up_proj" in message and "TransformersModel" in message
 
 
-def test_lora_on_glm_trains_exports_and_resumes_like_peft(ranks):
+@pytest.mark.parametrize(
+    "case",
+    [
+        "lora_peft:tiny-glm4.5@tp2sp",
+        "lora_peft:tiny-deepseek-v3@tp2sp",
+    ],
+)
+def test_lora_on_moe_families_trains_exports_and_resumes_like_peft(ranks, case):
     for rank in ranks:
-        case = rank["lora_peft:tiny-glm4.5@tp2sp"]
-        assert case["base_frozen"] is True and case["trained_change"] > 0.1
+        result = rank[case]
+        assert result["base_frozen"] is True and result["trained_change"] > 0.1
         assert all(
             abs(a - b) < LOSS_TOL
-            for a, b in zip(case["losses"], case["reference_losses"], strict=True)
+            for a, b in zip(result["losses"], result["reference_losses"], strict=True)
         )
-        assert case["resumed_logps_equal"] is True
-    first = ranks[0]["lora_peft:tiny-glm4.5@tp2sp"]
+        assert result["resumed_logps_equal"] is True
+    first = ranks[0][case]
     assert first["peft_logps_diff"] < LOGIT_TOL  # the saved adapter, loaded by peft
     assert first["merged_logps_diff"] < LOGIT_TOL  # the merged export, in transformers
+
+
+def test_lora_on_latent_attention_adapts_its_projections_under_peft_names(ranks):
+    adapted = ranks[0]["lora_peft:tiny-deepseek-v3@tp2sp"]["adapted"]
+    latent = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}
+    assert latent <= set(adapted) and "gate" in adapted  # the router, as peft adapts it

@@ -22,7 +22,7 @@ from twinkle.model.families.base import GPT_LAYER_WEIGHTS
 from twinkle.model.megatron.config import gpt_spec
 from twinkle.model.megatron.convert import from_shards, hf_names_of, to_shard
 from twinkle.model.megatron.layout import MegatronLayout
-from twinkle.model.megatron.lora import PROJECTIONS, LoraSettings
+from twinkle.model.megatron.lora import PROJECTIONS, LoraSettings, projections_of
 from twinkle.model.megatron.optimizer import optimizer_name
 
 
@@ -151,7 +151,7 @@ def test_sigmoid_routing_reads_as_megatrons_router_or_is_refused():
     assert (spec.num_experts, spec.topk, spec.shared_ffn_hidden_size) == (4, 2, 32)
     assert (spec.num_groups, spec.rotary_percent, spec.qk_norm) == (0, 0.5, False)
     assert spec.lora_refused is None  # attention, experts and router, as peft adapts them
-    assert "latent attention" in gpt_spec(_bundled("tiny-deepseek-v3"), tp=1).lora_refused
+    assert gpt_spec(_bundled("tiny-deepseek-v3"), tp=1).lora_refused is None
     assert gpt_spec(_with(glm, use_qk_norm=True), tp=1).qk_norm is True
     with pytest.raises(ValueError, match="renormalises sigmoid top-k weights exactly when k > 1"):
         gpt_spec(_with(glm, norm_topk_prob=False), tp=1)
@@ -293,6 +293,14 @@ def test_lora_settings_follow_peft_and_refuse_what_they_cannot_train():
         LoraSettings.from_peft(LoraConfig(r=4))
     with pytest.raises(ValueError, match="DoRA is not supported"):
         LoraSettings.from_peft(LoraConfig(r=4, target_modules="all-linear", use_dora=True))
+    latent = projections_of(gpt_spec(_bundled("tiny-deepseek-v3"), tp=1))
+    assert LoraSettings.from_peft(LoraConfig(r=4, target_modules="all-linear"), latent).targets[
+        :6
+    ] == ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    with pytest.raises(ValueError, match=r"\['k_proj'\] cannot be targeted"):
+        LoraSettings.from_peft(LoraConfig(r=4, target_modules=["q_a_proj", "k_proj"]), latent)
+    with pytest.raises(ValueError, match=r"\['kv_b_proj'\] cannot be targeted"):
+        LoraSettings.from_peft(LoraConfig(r=4, target_modules=["kv_b_proj"]))
 
 
 def test_optimizer_names_map_or_fail_naming_the_supported_ones():

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from twinkle import DeviceMesh
@@ -256,6 +257,8 @@ def lora_case(
         exported = TransformersModel(merged, device="cpu")
         out["merged_logps_diff"] = max_diff(exported.forward_only(feats).logps, logps)
         out["adapter_files"] = sorted(p.name for p in Path(path).iterdir())
+        keys = load_file(Path(path) / "adapter_model.safetensors")
+        out["adapted"] = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in keys})
     parallel_state.destroy_model_parallel()
     resumed = build()
     out["progress"] = resumed.resume_from_checkpoint(path)

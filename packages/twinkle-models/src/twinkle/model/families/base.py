@@ -66,8 +66,9 @@ class MegatronRules:
     ``qkv_bias`` (the default when the config has no ``attention_bias``), ``moe`` (reads
     the MoE settings from the config as megatron-core names them, or None for a dense
     family), ``weights`` (its layers' weight names, :data:`GPT_LAYER_WEIGHTS` by default)
-    ``lora`` (None when MegatronModel's LoRA, which keeps peft's per-projection q/k/v/
-    o/gate/up/down form, fits the family; otherwise why it does not) and ``attention``
+    ``lora`` (None when MegatronModel's LoRA, which keeps peft's per-projection form
+    (q/k/v/o/gate/up/down, latent attention's q_a/q_b/kv_a/kv_b/o), fits the family;
+    otherwise why it does not) and ``attention``
     (None for standard attention; otherwise reads multi-head latent attention's settings
     from the config as megatron-core's MLATransformerConfig names them)."""
 

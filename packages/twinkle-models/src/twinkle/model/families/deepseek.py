@@ -149,8 +149,6 @@ DEEPSEEK_V3_MEGATRON = MegatronRules(
     qk_norm=True,  # the query and key/value latents' norms
     moe=sigmoid_moe_megatron,
     weights={**MLA_WEIGHTS, **SIGMOID_MOE_WEIGHTS},
-    lora="MegatronModel's LoRA does not map multi-head latent attention (q_a_proj, q_b_proj, "
-    "kv_a_proj_with_mqa, kv_b_proj) yet; train LoRA on DeepSeek-V3 with TransformersModel",
     attention=mla_megatron,
 )
 

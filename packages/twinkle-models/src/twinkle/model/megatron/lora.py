@@ -1,7 +1,8 @@
 """LoRA on Megatron's tensor-parallel linears, kept in Hugging Face's per-projection form.
 
 Each targeted Hugging Face projection (q_proj, k_proj, v_proj, o_proj, gate_proj,
-up_proj, down_proj) gets its own pair ``A`` (r, in), ``B`` (out, r), with
+up_proj, down_proj; on multi-head latent attention q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+kv_b_proj, o_proj) gets its own pair ``A`` (r, in), ``B`` (out, r), with
 ``delta = scale * B @ A @ x``, exactly peft's LoRA, so the adapter saves under the
 names and shapes peft loads onto the Hugging Face model. On Megatron's fused layers
 the per-projection deltas are assembled into the fused layout (``linear_qkv``: per
@@ -39,16 +40,44 @@ from twinkle.model.megatron.config import GPTSpec
 
 # Megatron module (after "decoder.layers.<i>.") -> the Hugging Face projections it fuses,
 # and whether it is column-parallel
-FUSED = {
+STANDARD_ATTENTION = {
     "self_attention.linear_qkv": (
         ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
         True,
     ),
     "self_attention.linear_proj": (("self_attn.o_proj",), False),
+}
+MLP = {
     "mlp.linear_fc1": (("mlp.gate_proj", "mlp.up_proj"), True),
     "mlp.linear_fc2": (("mlp.down_proj",), False),
 }
-PROJECTIONS = tuple(p.split(".")[-1] for projections, _ in FUSED.values() for p in projections)
+# Multi-head latent attention (DeepSeek-V3): one Hugging Face projection per Megatron linear.
+# megatron-core's local layers split the down-projections' outputs over tp as well (and
+# gather them back), so every one but the output is column-parallel.
+LATENT_ATTENTION = {
+    "self_attention.linear_q_proj": (("self_attn.q_proj",), True),
+    "self_attention.linear_q_down_proj": (("self_attn.q_a_proj",), True),
+    "self_attention.linear_q_up_proj": (("self_attn.q_b_proj",), True),
+    "self_attention.linear_kv_down_proj": (("self_attn.kv_a_proj_with_mqa",), True),
+    "self_attention.linear_kv_up_proj": (("self_attn.kv_b_proj",), True),
+    "self_attention.linear_proj": (("self_attn.o_proj",), False),
+}
+FUSED = {**STANDARD_ATTENTION, **LATENT_ATTENTION, **MLP}
+
+
+def _short_names(table: dict) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.split(".")[-1] for ps, _ in table.values() for p in ps))
+
+
+PROJECTIONS = _short_names({**STANDARD_ATTENTION, **MLP})
+LATENT_PROJECTIONS = _short_names({**LATENT_ATTENTION, **MLP})
+# Each projection's place in the seed of its A's init (the standard ones first, as before).
+SEED_ORDER = (*PROJECTIONS, *(p for p in LATENT_PROJECTIONS if p not in PROJECTIONS))
+
+
+def projections_of(spec: GPTSpec) -> tuple[str, ...]:
+    """The Hugging Face projections MegatronModel's LoRA adapts on this model."""
+    return LATENT_PROJECTIONS if spec.mla else PROJECTIONS
 
 
 @dataclass(frozen=True)
@@ -68,7 +97,8 @@ class LoraSettings:
     alpha_pattern: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def from_peft(cls, config) -> LoraSettings:
+    def from_peft(cls, config, projections: tuple[str, ...] = PROJECTIONS) -> LoraSettings:
+        """``projections``: what the model's LoRA can adapt (``projections_of(spec)``)."""
         from twinkle.model.megatron.lora_experts import parse_target_parameters
 
         unsupported = {
@@ -86,21 +116,21 @@ class LoraSettings:
         if targets is None and not (expert_targets or router):
             raise ValueError(
                 "LoraConfig.target_modules is None: name the projections to adapt "
-                f"({', '.join(PROJECTIONS)}) or pass 'all-linear'"
+                f"({', '.join(projections)}) or pass 'all-linear'"
             )
         if targets in ("all-linear", "all_linear"):
-            names = PROJECTIONS
+            names = projections
         else:
             if targets is None:
                 requested = set()
             else:
                 requested = {targets} if isinstance(targets, str) else set(targets)
-            names = tuple(p for p in PROJECTIONS if p in requested)
-            unknown = sorted(requested - set(PROJECTIONS))
+            names = tuple(p for p in projections if p in requested)
+            unknown = sorted(requested - set(projections))
             if unknown or not (names or expert_targets or router):
                 raise ValueError(
                     f"LoRA target_modules {sorted(requested)}: MegatronModel adapts "
-                    f"{', '.join(PROJECTIONS)} (or 'all-linear'); {unknown or 'none'} "
+                    f"{', '.join(projections)} (or 'all-linear'); {unknown or 'none'} "
                     "cannot be targeted"
                 )
         if (expert_targets or router) and config.lora_dropout:
@@ -251,16 +281,8 @@ def _single(deltas: dict, like: torch.Tensor) -> torch.Tensor:
 def _layer_shapes(spec: GPTSpec, tp: int) -> dict[str, tuple[dict[str, int], int, int, object]]:
     """Megatron module -> (rows per projection on this rank, in, out, assembler)."""
     h, d = spec.hidden_size, spec.head_dim
-    q_rows, kv_rows = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
     ffn = spec.ffn_hidden_size // tp
-    return {
-        "self_attention.linear_qkv": (
-            {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows},
-            h,
-            q_rows + 2 * kv_rows,
-            _qkv_assembler(spec, tp),
-        ),
-        "self_attention.linear_proj": ({"o_proj": h}, spec.num_heads * d // tp, h, _single),
+    mlp = {
         "mlp.linear_fc1": (
             {"gate_proj": ffn, "up_proj": ffn},
             h,
@@ -269,6 +291,43 @@ def _layer_shapes(spec: GPTSpec, tp: int) -> dict[str, tuple[dict[str, int], int
         ),
         "mlp.linear_fc2": ({"down_proj": h}, ffn, h, _single),
     }
+    if spec.mla:
+        return {**_latent_shapes(spec, tp), **mlp}
+    q_rows, kv_rows = spec.num_heads * d // tp, spec.num_kv_heads * d // tp
+    return {
+        "self_attention.linear_qkv": (
+            {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows},
+            h,
+            q_rows + 2 * kv_rows,
+            _qkv_assembler(spec, tp),
+        ),
+        "self_attention.linear_proj": ({"o_proj": h}, spec.num_heads * d // tp, h, _single),
+        **mlp,
+    }
+
+
+def _latent_shapes(spec: GPTSpec, tp: int) -> dict[str, tuple[dict[str, int], int, int, object]]:
+    """Latent attention's linears: (input width, full output width) of each, the output split
+    over tp but for linear_proj's, whose input is."""
+    mla, h, heads = spec.mla, spec.hidden_size, spec.num_heads
+    query = heads * (mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"])
+    widths = {
+        "self_attention.linear_q_proj": (h, query),
+        "self_attention.linear_q_down_proj": (h, mla["q_lora_rank"] or 0),
+        "self_attention.linear_q_up_proj": (mla["q_lora_rank"] or 0, query),
+        "self_attention.linear_kv_down_proj": (h, mla["kv_lora_rank"] + mla["qk_pos_emb_head_dim"]),
+        "self_attention.linear_kv_up_proj": (
+            mla["kv_lora_rank"],
+            heads * (mla["qk_head_dim"] + mla["v_head_dim"]),
+        ),
+    }
+    shapes = {
+        path: ({LATENT_ATTENTION[path][0][0].split(".")[-1]: out // tp}, in_, out // tp, _single)
+        for path, (in_, out) in widths.items()
+    }
+    values = heads * mla["v_head_dim"] // tp
+    shapes["self_attention.linear_proj"] = ({"o_proj": h}, values, h, _single)
+    return shapes
 
 
 def inject_lora(
@@ -320,7 +379,7 @@ def inject_lora(
                 full_in = in_features if column_parallel else in_features * tp
                 full = torch.empty(settings.r, full_in)
                 layer_generator = torch.Generator().manual_seed(
-                    seed * 1_000_003 + global_layer * 101 + PROJECTIONS.index(name)
+                    seed * 1_000_003 + global_layer * 101 + SEED_ORDER.index(name)
                 )
                 nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=layer_generator)
                 shard = full if column_parallel else full.chunk(tp, dim=1)[tp_rank]

@@ -132,7 +132,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
         from peft import LoraConfig
 
         from twinkle.model.megatron.build import wrap_ddp
-        from twinkle.model.megatron.lora import LoraSettings, inject_lora, load_lora
+        from twinkle.model.megatron.lora import LoraSettings, inject_lora, load_lora, projections_of
         from twinkle.model.megatron.lora_experts import peft_config_for
 
         if not isinstance(adapter_name, str) or not adapter_name or adapter_name == FULL_MODEL:
@@ -165,7 +165,7 @@ class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
                 f"LoRA adapter; {config_or_path!r} is neither"
             )
         config = peft_config_for(config, self.hf_config)
-        settings = LoraSettings.from_peft(config)
+        settings = LoraSettings.from_peft(config, projections_of(self.spec))
         tp = parallel_state.get_tensor_model_parallel_world_size()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         modules = [chunk.module for chunk in self.chunks]
