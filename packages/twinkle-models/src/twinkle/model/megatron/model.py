@@ -55,6 +55,7 @@ from twinkle.model.megatron._require import require_megatron
 from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
 from twinkle.model.megatron.cpu_mode import runs_in_cpu_mode
 from twinkle.model.megatron.device import dist_backend, resolve_device
+from twinkle.model.megatron.scoring import MegatronScoringMixin
 from twinkle.model.precision import resolve_precision
 from twinkle.model.train_state import FULL_MODEL, TrainState
 from twinkle.module import build_lr_scheduler
@@ -62,7 +63,9 @@ from twinkle.module import build_lr_scheduler
 
 @remote_class(execute="all")
 @runs_in_cpu_mode
-class MegatronModel(TrainUnitsMixin, MegatronCheckpointingMixin, TwinkleModel):
+class MegatronModel(
+    TrainUnitsMixin, MegatronCheckpointingMixin, MegatronScoringMixin, TwinkleModel
+):
     """A Qwen3 / Qwen3-MoE / Qwen2 / Llama causal LM from a hub id, a folder or
     ``bundled://tiny-qwen3``, trained with Megatron-core's tensor, pipeline (and virtual
     pipeline), context, expert and data parallelism as the DeviceMesh says.

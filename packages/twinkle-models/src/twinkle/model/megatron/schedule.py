@@ -50,17 +50,19 @@ def _stage_loss(
     state: TrainState,
     forward_only: bool,
     results: list,
+    score_only: bool = False,
 ):
-    """Megatron's loss_func: (summed loss, token count, report) for one micro-batch."""
+    """Megatron's loss_func: (summed loss, token count, report) for one micro-batch; with
+    ``score_only`` the logps alone (no loss, no metrics: ``policy_logps``)."""
     labels = batch.get("labels")
-    if labels is None:
-        results.append((0.0, 0.0, None))
+    if labels is None or score_only:
+        logps = None
+        if labels is not None:
+            logps = _logps(logits, labels, spec)[0].detach().float().cpu()
+        results.append((0.0, 0.0, logps))
         zero = logits.sum() * 0.0
         return zero, torch.zeros([], dtype=torch.int, device=logits.device), {}
-    if cp_size() > 1:
-        logps, predicted = context_parallel_logps(logits, labels, spec.vocab_size)
-    else:
-        logps, predicted = vocab_parallel_logps(logits, labels, spec.vocab_size)
+    logps, predicted = _logps(logits, labels, spec)
     outputs = {"logps": logps, "pred_ids": predicted}
     result = state.loss(batch, outputs, **loss_kwargs)
     outputs.update({k: v for k, v in result.items() if k not in ("loss", "num_tokens")})
@@ -74,6 +76,13 @@ def _stage_loss(
     results.append((float(loss.detach()), tokens, outputs["logps"].detach().float().cpu()))
     count = torch.tensor(int(tokens), dtype=torch.int, device=logits.device)
     return loss, count, {}
+
+
+def _logps(logits: torch.Tensor, labels: torch.Tensor, spec: GPTSpec):
+    """(label logps, predicted ids), over the context- or tensor-parallel slices."""
+    if cp_size() > 1:
+        return context_parallel_logps(logits, labels, spec.vocab_size)
+    return vocab_parallel_logps(logits, labels, spec.vocab_size)
 
 
 def _forward_step(data_iterator, model, **loss_args):
@@ -91,13 +100,20 @@ def run_schedule(
     spec: GPTSpec,
     state: TrainState,
     forward_only: bool,
+    score_only: bool = False,
 ) -> tuple[float, float, torch.Tensor]:
-    """Run every micro-batch through the pipeline; (summed loss, tokens, logps (B, T))."""
+    """Run every micro-batch through the pipeline; (summed loss, tokens, logps (B, T)).
+    ``score_only`` (forward only): the logps, without the loss or metrics."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     results: list = []
     step = functools.partial(
-        _forward_step, spec=spec, state=state, forward_only=forward_only, results=results
+        _forward_step,
+        spec=spec,
+        state=state,
+        forward_only=forward_only or score_only,
+        results=results,
+        score_only=score_only,
     )
     rows, seq_length = micro[0][0]["input_ids"].shape
     get_forward_backward_func()(
@@ -107,7 +123,7 @@ def run_schedule(
         num_microbatches=len(micro),
         seq_length=seq_length,
         micro_batch_size=rows,
-        forward_only=forward_only,
+        forward_only=forward_only or score_only,
     )
     summary = None
     if results:
