@@ -9,6 +9,7 @@ computes with is shown by the logits equivalence in test_megatron_parallel.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -123,10 +124,24 @@ def _bundled(name: str):
     return AutoConfig.from_pretrained(resolve_model(f"bundled://{name}"))
 
 
-@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3.5", "tiny-qwen3.5-moe"])
-def test_families_without_megatron_rules_are_refused_naming_the_converted_ones(name):
-    with pytest.raises(ValueError, match=r"converts the .*llama.*mistral.*phi3.*qwen3_moe"):
+@pytest.mark.parametrize(
+    ("name", "lacking"),
+    [
+        (
+            "tiny-gemma3",
+            ("post_feedforward_layernorm", "two rope_theta", "sqrt(hidden_size)"),
+        ),
+        ("tiny-qwen3.5", ("Gated DeltaNet", "flash-linear-attention's Triton kernels")),
+        ("tiny-qwen3.5-moe", ("Gated DeltaNet", "refuses sequence parallel")),
+    ],
+)
+def test_families_megatron_core_cannot_express_are_refused_naming_what_it_lacks(name, lacking):
+    with pytest.raises(ValueError, match="MegatronModel does not convert") as refused:
         gpt_spec(_bundled(name), tp=1)
+    message = str(refused.value)
+    assert all(feature in message for feature in lacking)
+    assert re.search(r"converts the .*llama.*mistral.*phi3.*qwen3_moe", message)
+    assert "with TransformersModel" in message
 
 
 def test_windows_and_rotary_shares_megatron_cannot_compute_are_refused():

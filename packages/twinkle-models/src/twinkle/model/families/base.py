@@ -172,13 +172,16 @@ class ModelFamily:
     (None when dense), its Megatron rules (None when MegatronModel does not convert it)
     its tensor-parallel plan for TransformersModel (``TensorParallelPlan``; None when it
     has none) and its ``pipeline`` layout
-    (None: TransformersModel does not split it into pipeline stages). Compared and hashed by
-    identity: a registered family is one object."""
+    (None: TransformersModel does not split it into pipeline stages); ``megatron_missing``
+    says, for a family without Megatron rules, what megatron-core lacks to express it (the
+    refusal MegatronModel gives). Compared and hashed by identity: a registered family is
+    one object."""
 
     name: str
     model_types: tuple[str, ...]
     moe: MoeLayout | None = None
     megatron: MegatronRules | None = None
+    megatron_missing: str | None = None
     tp_plan: TensorParallelPlan | None = None
     pipeline: PipelineLayout | None = None
 

@@ -79,9 +79,17 @@ QWEN3_5_TP_PLAN = TensorParallelPlan(
         **EXPERTS_WHOLE,
     },
 )
+QWEN3_5_MEGATRON_MISSING = (
+    "Qwen3.5's Gated DeltaNet linear-attention layers: megatron-core 0.16's GatedDeltaNet "
+    "(experimental_attention_variant='gated_delta_net') computes the delta rule only with "
+    "flash-linear-attention's Triton kernels (the fla package, a GPU; no torch path for the "
+    "CPU mode, and not installed with megatron-core), and refuses sequence parallel and packed "
+    "sequences"
+)
 QWEN3_5 = ModelFamily(
     "qwen3_5",
     ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
     moe=MoeLayout(route=softmax_top_k, shared="shared_expert", shared_gate="shared_expert_gate"),
     tp_plan=QWEN3_5_TP_PLAN,
+    megatron_missing=QWEN3_5_MEGATRON_MISSING,
 )

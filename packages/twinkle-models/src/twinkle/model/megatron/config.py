@@ -125,9 +125,16 @@ def gpt_spec(hf_config: Any, tp: int) -> GPTSpec:
     family = family_of(hf_config)
     rules = None if family is None else family.megatron
     if rules is None:
+        converted = known_families(lambda f: f.megatron is not None)
+        if family is not None and family.megatron_missing:
+            raise ValueError(
+                f"MegatronModel does not convert {family.name} ({model_type!r}): "
+                f"{family.megatron_missing}. It converts the {converted} families; train "
+                f"{family.name} with TransformersModel"
+            )
         raise ValueError(
-            f"MegatronModel converts the {known_families(lambda f: f.megatron is not None)} "
-            f"families; {model_type!r} is not one of them (use TransformersModel)"
+            f"MegatronModel converts the {converted} families; {model_type!r} is not one of "
+            "them (use TransformersModel)"
         )
     _refuse_sliding_windows(hf_config)
     if getattr(hf_config, "mlp_bias", False):
