@@ -3,6 +3,7 @@ r"""Agentic GRPO on CPU: a tiny model learns to use a calculator tool over sever
     python cookbook/agentic/grpo_calculator.py                      # synchronous
     python cookbook/agentic/grpo_calculator.py --max-staleness 1    # the same run, async
     python cookbook/agentic/grpo_calculator.py --max-staleness 1 --loss DecoupledPPOLoss
+    python cookbook/agentic/grpo_calculator.py --backend megatron   # MegatronModel trains
 
 The task is twinkle.env's bundled one: "7 * 12 = ?" for operands 2..12, with a
 ``calculator`` tool; 97 products to train on, 24 held out. A turn that calls the tool gets
@@ -49,7 +50,7 @@ from twinkle.checkpoint_engine import CheckpointEngineManager
 from twinkle.data_format import SamplingParams, ToolCall
 from twinkle.env import ArithmeticToolEnv, EnvPool, arithmetic_tasks
 from twinkle.env.arithmetic import OPERANDS
-from twinkle.model import TransformersModel
+from twinkle.model import MegatronModel, TransformersModel
 from twinkle.rollout import AsyncRollouts, MultiTurnRollout
 from twinkle.sampler import TorchSampler
 
@@ -73,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=4, help="per held-out task")
     parser.add_argument("--eval-every", type=int, default=0, help="0: before and after only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend",
+        choices=("transformers", "megatron"),
+        default="transformers",
+        help="megatron: MegatronModel (its CPU mode without a GPU), synced through a folder",
+    )
     return parser.parse_args(argv)
 
 
@@ -107,9 +114,12 @@ def held_out_success(sampler: TorchSampler, tasks: list[dict], args: argparse.Na
 
 def warm_start(
     args: argparse.Namespace, rng: random.Random, train: list[dict]
-) -> TransformersModel:
+) -> TransformersModel | MegatronModel:
     """SFT on solved and guessed episodes, every parameter (the tiny model starts random)."""
-    model = TransformersModel(model_id=args.model_id)
+    if args.backend == "megatron":
+        model = MegatronModel(model_id=args.model_id)
+    else:
+        model = TransformersModel(model_id=args.model_id)
     model.set_template("Qwen3_5Template")
     model.set_optimizer("AdamW", lr=args.sft_lr)
     for step in range(args.sft_steps):
@@ -121,7 +131,7 @@ def warm_start(
 
 
 def run_grpo(
-    model: TransformersModel,
+    model: TransformersModel | MegatronModel,
     args: argparse.Namespace,
     rng: random.Random,
     train: list[dict],
@@ -130,7 +140,9 @@ def run_grpo(
     """GRPO over multi-turn rollouts sampled ahead by at most ``max_staleness`` versions."""
     sampler = TorchSampler(model_id=args.model_id, seed=args.seed)
     sampler.set_template("Qwen3_5Template")
-    ckpt_manager = CheckpointEngineManager(model=model, sampler=sampler)
+    # MegatronModel's weights reach the sampler through a folder of Hugging Face weights.
+    transport = "folder" if args.backend == "megatron" else "broadcast"
+    ckpt_manager = CheckpointEngineManager(model=model, sampler=sampler, transport=transport)
     ckpt_manager.sync_weights(merge_and_sync=True)
     before = held_out_success(sampler, held_out, args)
     logger.info(f"held-out success after SFT: {before:.3f}")
