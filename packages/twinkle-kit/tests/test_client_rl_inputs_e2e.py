@@ -138,9 +138,31 @@ def test_a_mismatched_old_logps_row_is_a_user_error_naming_it(client):
     model.forward_backward(inputs=input_features, advantages=[1.0] * 4)  # the run still serves
 
 
+def test_a_misspelt_loss_keyword_is_a_400_naming_the_closest_one(client):
+    """``advantage=`` for ``advantages=`` would train without the advantages if ignored."""
+    model = grpo_model()
+    _, input_features, old_logps_list = sample_as_the_grpo_sample_does(model)
+    with pytest.raises(BadRequestError) as refused:
+        model.forward_backward(inputs=input_features, advantage=[1.0] * 4, old_logps=old_logps_list)
+    assert refused.value.status == 400 and refused.value.category == "user"
+    assert (
+        "forward_backward got unknown keyword 'advantage' (did you mean 'advantages'?): nothing "
+        "in the call reads it. The loss GRPOLoss accepts advantages (required), old_logps, "
+        "ref_logps" in str(refused.value)
+    )
+    out = model.forward_backward(
+        inputs=input_features, advantages=[1.0] * 4, old_logps=old_logps_list
+    )
+    assert out.loss is not None  # the run still serves
+
+
 def test_the_http_sketch_trains_on_the_samplers_result(client):
     """``responses = sampler.sample(inputs=batch, sampling_params=params)`` then
-    ``model.forward_backward(inputs=responses, advantages=advantages)``, as the page writes."""
+    ``model.forward_backward(inputs=responses, advantages=advantages)``, as the page writes.
+
+    The page sets no loss: under the default CrossEntropyLoss its advantages used to be
+    dropped without a word. They are refused now, naming the losses that read them; with
+    ``set_loss('GRPOLoss')`` the same line trains on them."""
     lora_config = LoraConfig(target_modules="all-linear", r=8, lora_alpha=32)
     # 配置模型
     model = MultiLoraTransformersModel(model_id=MODEL_ID)
@@ -151,14 +173,20 @@ def test_the_http_sketch_trains_on_the_samplers_result(client):
     sampler = vLLMSampler(model_id=MODEL_ID)
     batch, params, advantages = PROMPTS, {"max_tokens": MAX_NEW_TOKENS}, [1.0, -1.0]
     responses = sampler.sample(inputs=batch, sampling_params=params)
+    with pytest.raises(BadRequestError) as refused:
+        model.forward_backward(inputs=responses, advantages=advantages)
+    assert refused.value.status == 400
+    assert "CrossEntropyLoss accepts no keyword inputs" in str(refused.value)
+    assert "'advantages' is read by " in str(refused.value) and "set_loss" in str(refused.value)
+    model.set_loss("GRPOLoss")
     output = model.forward_backward(inputs=responses, advantages=advantages)
     model.step()
 
-    features = [seq.new_input_feature for seq in responses["sequences"]]
-    assert output.num_tokens == sum(len(seq.tokens) for seq in responses["sequences"])
-    reference = MultiLoraTransformersModel(model_id=MODEL_ID)
-    reference.add_adapter_to_model("default", lora_config)
-    assert reference.forward_backward(inputs=features).loss == output.loss
+    lengths = [len(seq.tokens) for seq in responses["sequences"]]
+    assert output.num_tokens == sum(lengths)
+    # On-policy GRPO: minus the advantages weighted by each row's label tokens.
+    want = -sum(a * n for a, n in zip(advantages, lengths, strict=True)) / sum(lengths)
+    assert output.loss == pytest.approx(want, rel=1e-5)
 
 
 def test_a_multi_turn_rollout_on_the_client_samples_and_trains_on_the_server(client):

@@ -108,8 +108,13 @@ def test_missing_extra_or_non_finite_inputs_are_user_errors():
     logps = {"logps": OLD}
     with pytest.raises(BadRequest, match=r"missing \['advantages'\]"):
         loss({"labels": LABELS}, logps, logprobs=OLD)
-    with pytest.raises(BadRequest, match=r"unexpected \['weights'\]"):
-        loss({"labels": LABELS}, logps, logprobs=OLD, advantages=ADV, weights=WEIGHTS)
+    with pytest.raises(BadRequest) as refused:
+        loss.check_inputs(["logprobs", "advantage", "weights"])
+    assert str(refused.value) == (
+        "loss_fn_inputs 'advantage' (did you mean 'advantages'?), 'weights' not read by "
+        "'importance_sampling': it takes target_tokens and logprobs, advantages"
+    )
+    loss.check_inputs(["logprobs", "advantages"])
     with pytest.raises(BadRequest, match="NaN"):
         loss({"labels": LABELS}, logps, logprobs=OLD, advantages=ADV * float("nan"))
 

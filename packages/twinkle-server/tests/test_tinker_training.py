@@ -178,6 +178,22 @@ def test_bad_requests_are_4xx_with_a_json_body_and_free_their_seq_id(tinker):
     assert tinker.logprobs(tinker.submit("/forward", fwd_body(model_id, s + 2, forward=True))).size
 
 
+def test_a_misspelt_loss_fn_input_is_a_400_naming_the_closest_one(tinker):
+    model_id, s = tinker.model_id, tinker.seq
+    tinker.seq += 2
+    bad = fwd_body(model_id, s + 1)
+    datum = bad["forward_backward_input"]["data"][0]["loss_fn_inputs"]
+    datum["weight"] = datum.pop("weights")
+    response = tinker.t.post("/forward_backward", bad)
+    assert response.status_code == 400, response.text
+    assert response.json()["category"] == "user"
+    assert response.json()["error"] == (
+        "loss_fn_inputs 'weight' (did you mean 'weights'?) not read by 'cross_entropy': it "
+        "takes target_tokens and weights"
+    )
+    assert tinker.logprobs(tinker.submit("/forward", fwd_body(model_id, s + 2, forward=True))).size
+
+
 def test_another_key_cannot_free_a_tenants_seq_id(tinker, server, make_tenant, monkeypatch):
     """Bob's rejected request naming Alice's model and her next seq_id must not move her
     sequence: her later request still waits for her own."""

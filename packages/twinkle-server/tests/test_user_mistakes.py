@@ -178,6 +178,28 @@ MODEL_CASES = [
         "advantages[0] holds NaN",
     ),
     ("grpo", "forward_backward", '{"inputs": [F]}', "advantages"),
+    # A keyword no part of the call reads is refused, not silently dropped.
+    (
+        "grpo",
+        "forward_backward",
+        '{"inputs": [F], "advantage": [1.0]}',
+        "forward_backward got unknown keyword 'advantage' (did you mean 'advantages'?): "
+        "nothing in the call reads it. The loss GRPOLoss accepts advantages (required), "
+        "old_logps, ref_logps",
+    ),
+    (
+        "grpo",
+        "forward_only",
+        '{"inputs": [F], "advantages": [1.0], "old_logp": [[-1.0, -1.0, -1.0, -1.0]]}',
+        "forward_only got unknown keyword 'old_logp' (did you mean 'old_logps'?)",
+    ),
+    (
+        "ce",
+        "forward_backward",
+        '{"inputs": [F], "micro_batch": 1}',
+        "unknown keyword 'micro_batch' (did you mean 'micro_batch_size'?)",
+    ),
+    ("ce", "forward_only", '{"inputs": [F], "advantages": [1.0]}', "CrossEntropyLoss accepts no"),
 ]
 
 

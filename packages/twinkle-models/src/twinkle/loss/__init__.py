@@ -10,7 +10,7 @@ the label/logps alignment conventions are in ``twinkle.loss.base``; the three fo
 model outputs a token-level loss accepts are in ``twinkle.loss.logps``.
 """
 
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.loss.base import IGNORE_INDEX, Loss, LossInputs
 from twinkle.loss.chunked_cross_entropy import ChunkedCrossEntropyLoss
 from twinkle.loss.chunked_logps import (
     chunked_linear_logps,
@@ -57,6 +57,7 @@ __all__ = [
     "GSPOLoss",
     "InfonceLoss",
     "Loss",
+    "LossInputs",
     "MSELoss",
     "ORPOLoss",
     "PPOLoss",

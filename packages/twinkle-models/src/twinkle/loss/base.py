@@ -26,6 +26,12 @@ Conventions shared by every component of twinkle-models:
   which logits are computed chunk by chunk (see ``twinkle.loss.logps``).
 * Loss-specific fields (``advantages``, ``old_logps``, ``ref_logps``, ...) are read from
   the keyword arguments or from ``inputs``; giving one in both places is an error.
+* A loss declares the keywords it reads in ``reads`` (a ``LossInputs``). The model's
+  ``forward_backward``, ``forward_only`` and ``calculate_loss`` refuse any other keyword
+  before the forward, naming the closest known one, so a misspelt ``advantage=`` is an error
+  rather than a step trained without advantages. A loss that leaves ``reads`` as None (a
+  user's subclass written before it existed, or a plain callable) is handed every keyword
+  unchecked, with one warning per class.
 * Sequence-level losses (GSPO, DPO) and per-sequence advantages treat each row as one
   sequence: feed them padded rows, not packed ones.
 """
@@ -34,15 +40,37 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 IGNORE_INDEX = -100
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """The keyword inputs a loss reads: ``required`` ones it refuses to run without (given
+    as keywords or in ``inputs``), ``optional`` ones it reads when present."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.required + self.optional
+
+    def describe(self) -> str:
+        """The inputs as an error message lists them."""
+        named = [f"{name} (required)" for name in self.required] + list(self.optional)
+        return ", ".join(named) or "no keyword inputs"
+
+
 class Loss(ABC):
-    """Base class of every loss; subclasses document their formula and the keys they read."""
+    """Base class of every loss; subclasses document their formula and declare the keyword
+    inputs they read in ``reads`` (None: undeclared, every keyword is passed unchecked)."""
+
+    reads: ClassVar[LossInputs | None] = None
 
     @abstractmethod
     def __call__(

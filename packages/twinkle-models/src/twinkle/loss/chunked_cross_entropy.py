@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.loss.base import IGNORE_INDEX, Loss, LossInputs
 from twinkle.loss.cross_entropy import cross_entropy_result
 from twinkle.loss.fields import count_label_tokens, label_mask, outputs_device, token_labels
 from twinkle.loss.logps import chunked_logps
@@ -31,6 +31,8 @@ class ChunkedCrossEntropyLoss(Loss):
     (``-sum of log p(label)`` over label tokens, ``num_tokens`` = their count), computed
     from hidden states with ``chunk_size`` tokens of logits at a time (default: 256 MiB of
     float32 logits per chunk, ``twinkle.loss.default_chunk_size``)."""
+
+    reads = LossInputs()
 
     def __init__(self, chunk_size: int | None = None, ignore_index: int = IGNORE_INDEX) -> None:
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.loss.base import IGNORE_INDEX, Loss, LossInputs
 from twinkle.loss.fields import count_label_tokens, label_mask, outputs_device, token_labels
 from twinkle.loss.logps import TokenLogps, token_logps
 from twinkle.loss.registry import LOSSES
@@ -69,6 +69,8 @@ class CrossEntropyLoss(Loss):
     token predicting each position (-100 off the labels), when logits or hidden states were
     given; both in the labels' shape.
     """
+
+    reads = LossInputs()
 
     def __init__(
         self, ignore_index: int = IGNORE_INDEX, reduction: str = "token", dft: bool = False

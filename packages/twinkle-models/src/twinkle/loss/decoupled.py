@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from twinkle.loss.base import LossInputs
 from twinkle.loss.fields import align_to_labels, fetch, require
 from twinkle.loss.policy_inputs import OLD_HINT, PolicyInputs, clip_active, clipped_objective
 from twinkle.loss.registry import LOSSES
@@ -55,6 +56,8 @@ class DecoupledPPOLoss(GRPOLoss):
     and truncated count (``policy/is_weight_mean``, ``is_weight_max``,
     ``is_truncated_fraction``).
     """
+
+    reads = LossInputs(required=("advantages", "old_logps", "prox_logps"), optional=("ref_logps",))
 
     old_logps_required = True
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import IGNORE_INDEX, Loss
+from twinkle.loss.base import IGNORE_INDEX, Loss, LossInputs
 from twinkle.loss.fields import (
     count_label_tokens,
     label_mask,
@@ -82,6 +82,8 @@ class GKDLoss(Loss):
     ``outputs`` and ``teacher_logits`` (B, T, V) from the keywords or ``inputs``; the two
     vocabularies must be the same size.
     """
+
+    reads = LossInputs(required=("teacher_logits",))
 
     def __init__(
         self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = IGNORE_INDEX

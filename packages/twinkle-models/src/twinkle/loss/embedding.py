@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.fields import compute_dtype
 from twinkle.loss.registry import LOSSES
 
@@ -71,6 +71,8 @@ class InfonceLoss(Loss):
     ``loss = sum_g l_g``, ``num_tokens`` = the number of anchors. Embeddings gathered
     from other data ranks must be concatenated, in this layout, before the call.
     """
+
+    reads = LossInputs()
 
     def __init__(
         self, temperature: float = 0.07, use_batch: bool = True, hard_negatives: int | None = None

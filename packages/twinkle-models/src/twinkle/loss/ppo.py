@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.fields import (
     align_to_labels,
     count_label_tokens,
@@ -51,6 +51,7 @@ class PPOLoss(GRPOLoss):
     """
 
     old_logps_required = True
+    reads = LossInputs(required=("advantages", "old_logps"), optional=("ref_logps",))
 
     def __init__(
         self,
@@ -88,6 +89,8 @@ class PPOValueLoss(Loss):
     ``old_values`` needed). Also returns ``value_stats`` (detached sums for PPOMetric:
     clipped tokens, squared error, returns' first two moments for explained variance).
     """
+
+    reads = LossInputs(required=("returns",), optional=("old_values",))
 
     def __init__(self, epsilon: float | None = 0.2) -> None:
         if epsilon is not None and not 0 < epsilon < float("inf"):

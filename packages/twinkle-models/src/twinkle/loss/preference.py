@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.fields import per_sequence_or_token, require
 from twinkle.loss.pairs import preference_stats, read_pairs
 from twinkle.loss.registry import LOSSES
@@ -40,6 +40,8 @@ class DPOLoss(Loss):
     length-averaged, log-probabilities, like the other two. ``preference_stats`` holds the
     implicit rewards ``beta * (pi - ref)`` for DPOMetric.
     """
+
+    reads = LossInputs(required=("ref_logps",))
 
     def __init__(
         self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.pairs import preference_stats, read_pairs
 from twinkle.loss.registry import LOSSES
 
@@ -36,6 +36,8 @@ class SimPOLoss(Loss):
     No reference model. The implicit rewards in ``preference_stats`` are ``beta * m``.
     """
 
+    reads = LossInputs()
+
     def __init__(self, beta: float = 2.0, gamma: float = 0.5) -> None:
         self.beta = _positive("SimPOLoss", "beta", beta)
         self.gamma = _non_negative("SimPOLoss", "gamma", gamma)
@@ -60,6 +62,8 @@ class CPOLoss(Loss):
 
     ``alpha = 0`` drops the cloning term. The implicit rewards are ``beta * pi``.
     """
+
+    reads = LossInputs()
 
     def __init__(self, beta: float = 0.1, alpha: float = 1.0) -> None:
         self.beta = _positive("CPOLoss", "beta", beta)
@@ -87,6 +91,8 @@ class ORPOLoss(Loss):
 
     The implicit rewards are ``beta * m``. ``beta`` is ORPO's lambda.
     """
+
+    reads = LossInputs()
 
     def __init__(self, beta: float = 0.1) -> None:
         self.beta = _positive("ORPOLoss", "beta", beta)

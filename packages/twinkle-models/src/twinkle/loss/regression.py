@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.fields import compute_dtype, require
 from twinkle.loss.registry import LOSSES
 
@@ -20,6 +20,8 @@ class MSELoss(Loss):
     Reads ``outputs['predictions']`` and ``targets`` (keyword or ``inputs['targets']``) of
     the same shape; a (B, 1) head against (B,) targets is an error, not a broadcast.
     """
+
+    reads = LossInputs(required=("targets",))
 
     def __call__(
         self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], **kwargs: Any

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from twinkle.loss.base import Loss
+from twinkle.loss.base import Loss, LossInputs
 from twinkle.loss.kl import check_kl_estimator
 from twinkle.loss.policy_inputs import (
     PolicyInputs,
@@ -52,6 +52,8 @@ class TokenPolicyLoss(Loss):
     sum over the label tokens and their count (DAPO's token-level normalisation, so every
     token weighs the same across sequences, micro-batches and ranks).
     """
+
+    reads = LossInputs(required=("advantages",), optional=("old_logps", "ref_logps"))
 
     old_logps_required = False
 
@@ -197,6 +199,8 @@ class GSPOLoss(Loss):
     mean over the sequence, so the clip range is much narrower than GRPO's: the defaults
     (3e-4, 4e-4) are the ones the GSPO paper reports.
     """
+
+    reads = LossInputs(required=("advantages",), optional=("old_logps",))
 
     def __init__(self, epsilon: float = 3e-4, epsilon_high: float | None = 4e-4) -> None:
         self.epsilon = epsilon

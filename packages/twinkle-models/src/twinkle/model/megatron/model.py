@@ -51,6 +51,7 @@ from twinkle.model.base import TwinkleModel
 from twinkle.model.batch_dispatch import slice_dp_rows
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.loss_inputs import align_loss_inputs
+from twinkle.model.loss_keywords import check_loss_keywords
 from twinkle.model.megatron._require import require_megatron
 from twinkle.model.megatron.checkpointing import MegatronCheckpointingMixin
 from twinkle.model.megatron.cpu_mode import runs_in_cpu_mode
@@ -336,6 +337,7 @@ class MegatronModel(
         count accumulate until a step. Returns the mean loss over this call's tokens and the
         per-token logps (aligned with the labels), the same on every rank."""
         state = self._state(adapter_name)
+        check_loss_keywords(state.loss, loss_kwargs, MegatronModel.forward_backward)
         state.pending_loss = None  # calculate_loss reads the last forward_only alone
         for chunk in self.chunks:
             chunk.train()
@@ -387,6 +389,7 @@ class MegatronModel(
         self, inputs: Any, adapter_name: str | None, loss_kwargs: dict[str, Any]
     ) -> ModelOutput:
         state = self._state(adapter_name)
+        check_loss_keywords(state.loss, loss_kwargs, MegatronModel.forward_only)
         for chunk in self.chunks:
             chunk.eval()
         batch, loss_kwargs, restore = self._collate(inputs, state, loss_kwargs)

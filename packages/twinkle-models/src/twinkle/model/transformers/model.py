@@ -35,6 +35,7 @@ from twinkle.model.batch_dispatch import slice_dp_rows
 from twinkle.model.components import TrainUnitsMixin
 from twinkle.model.embedding import check_pooling
 from twinkle.model.loss_inputs import align_loss_inputs
+from twinkle.model.loss_keywords import check_loss_keywords
 from twinkle.model.precision import autocast, resolve_precision
 from twinkle.model.token_ids import check_token_ids
 from twinkle.model.train_state import FULL_MODEL, TrainState
@@ -532,6 +533,7 @@ class TransformersModel(
         workers) returns no rows and still joins the gradient reduction, adding zero.
         """
         state = self._state(adapter_name)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.forward_backward)
         state.pending_forward = state.pending_loss = None  # this forward is the last one
         self._train_mode()
         if state.window_start is None:
@@ -636,6 +638,7 @@ class TransformersModel(
         if self._parallel().pipeline is not None:
             refuse_three_calls("calculate_loss")
         state = self._state(adapter_name)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.calculate_loss)
         if state.pending_forward is None:
             raise ValueError(
                 "calculate_loss needs outputs: call forward(inputs) (or forward_only(inputs) "
@@ -682,6 +685,7 @@ class TransformersModel(
         gradients nor the training metrics. ``task='embedding'`` returns the pooled
         ``embeddings`` (and the loss when the batch carries group labels)."""
         state = self._state(adapter_name)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.forward_only)
         self.model.eval()
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None

@@ -38,15 +38,16 @@ import torch.nn.functional as F
 from twinkle.data_format import ModelOutput
 from twinkle.loss import chunked_logps, logps_from_logits, prefers_chunked
 from twinkle.model.loss_inputs import align_loss_inputs
+from twinkle.model.loss_keywords import check_loss_keywords
 from twinkle.model.precision import autocast
 from twinkle.model.transformers.lora_rows import RowRouter, Segment
-from twinkle.model.transformers.model import _scales_logits
+from twinkle.model.transformers.model import TransformersModel, _scales_logits
 from twinkle.model.transformers.router_aux_loss import wants_router_aux_loss
 from twinkle.patch import apply_for_batch, is_packed_batch
 from twinkle.processor import InputProcessor, PackedRows
 
 # forward_backward keywords that change how a call runs rather than what its loss reads.
-SOLO_KEYWORDS = ("micro_batch_size", "task")
+SOLO_KEYWORDS = ("micro_batch_size", "task", "routing_replay")
 Outcome = ModelOutput | Exception
 
 
@@ -162,6 +163,8 @@ def _prepare(model: Any, index: int, request: TenantRequest, training: bool) -> 
     if solo_reason(model, request, training) is not None:
         raise _RunsAlone
     state = model._states[request.adapter_name]
+    call = TransformersModel.forward_backward if training else TransformersModel.forward_only
+    check_loss_keywords(state.loss, request.loss_kwargs, call)
     batch = model._collate(request.inputs, state)
     if is_packed_batch(batch):
         raise _RunsAlone  # packed by its processor: its own positions and sequence offsets

@@ -26,14 +26,15 @@ applies the gradient of the sum as it is (see ``model_ops.optim_step``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from twinkle.loss import Loss, clipped_objective
+from twinkle.loss import Loss, LossInputs, clipped_objective
 from twinkle.loss.fields import count_label_tokens, label_mask, outputs_device, token_labels
 from twinkle.loss.logps import token_logps
+from twinkle.model.loss_keywords import unknown_keywords
 from twinkle.server.errors import BadRequest
 
 CLIP_DEFAULTS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
@@ -44,7 +45,7 @@ class TinkerLoss(Loss):
     """A token-level Tinker loss: ``per_token`` gives each target token's term."""
 
     name: ClassVar[str]
-    inputs: ClassVar[tuple[str, ...]]  # loss_fn_inputs besides target_tokens
+    reads: ClassVar[LossInputs]  # loss_fn_inputs besides target_tokens
     config_defaults: ClassVar[dict[str, float | None]] = {}
 
     def __init__(self, **config: Any) -> None:
@@ -71,22 +72,32 @@ class TinkerLoss(Loss):
     def check_config(self) -> None:
         """Reject values the formula cannot take (override per loss)."""
 
+    def check_inputs(self, names: Iterable[str]) -> None:
+        """Refuse a ``loss_fn_inputs`` key this loss does not read, before the request is
+        queued (the model would refuse it too, in the words of its own keywords)."""
+        unknown = unknown_keywords(self.reads, names)
+        if unknown:
+            raise BadRequest(
+                f"loss_fn_inputs {unknown.removeprefix('keyword ').removeprefix('keywords ')} "
+                f"not read by {self.name!r}: it takes target_tokens and "
+                f"{', '.join(self.reads.required)}"
+            )
+
     def per_token(self, logps: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
         raise NotImplementedError
 
     def _values(
         self, kwargs: Mapping[str, Any], labels: torch.Tensor, dtype: torch.dtype
     ) -> dict[str, torch.Tensor]:
-        given = {k for k, v in kwargs.items() if v is not None}
-        missing, extra = set(self.inputs) - given, given - set(self.inputs)
-        if missing or extra:
+        # A name the loss does not read was refused before the forward (check_loss_keywords).
+        missing = set(self.reads.required) - {k for k, v in kwargs.items() if v is not None}
+        if missing:
             raise BadRequest(
                 f"{self.name!r} takes loss_fn_inputs target_tokens and "
-                f"{', '.join(self.inputs) or 'nothing else'}; missing {sorted(missing)}, "
-                f"unexpected {sorted(extra)}"
+                f"{', '.join(self.reads.required)}; missing {sorted(missing)}"
             )
         values = {}
-        for name in self.inputs:
+        for name in self.reads.required:
             tensor = torch.as_tensor(kwargs[name], device=labels.device, dtype=dtype)
             if tensor.shape != labels.shape:
                 raise BadRequest(
@@ -117,21 +128,21 @@ def _ratio(logps: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor
 
 
 class CrossEntropy(TinkerLoss):
-    name, inputs = "cross_entropy", ("weights",)
+    name, reads = "cross_entropy", LossInputs(required=("weights",))
 
     def per_token(self, logps, values):
         return -values["weights"] * logps
 
 
 class ImportanceSampling(TinkerLoss):
-    name, inputs = "importance_sampling", ("logprobs", "advantages")
+    name, reads = "importance_sampling", LossInputs(required=("logprobs", "advantages"))
 
     def per_token(self, logps, values):
         return -_ratio(logps, values) * values["advantages"]
 
 
 class _Clipped(TinkerLoss):
-    inputs = ("logprobs", "advantages")
+    reads = LossInputs(required=("logprobs", "advantages"))
     config_defaults = dict(CLIP_DEFAULTS)
 
     def check_config(self) -> None:
@@ -165,7 +176,7 @@ class CISPO(_Clipped):
 
 
 class DRO(TinkerLoss):
-    name, inputs = "dro", ("logprobs", "advantages")
+    name, reads = "dro", LossInputs(required=("logprobs", "advantages"))
     config_defaults = {"beta": REQUIRED}
 
     def check_config(self) -> None:

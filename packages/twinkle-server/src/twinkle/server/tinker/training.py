@@ -156,6 +156,7 @@ async def _fwdbwd(request: Request, forward_route: bool) -> dict:
         live = state.model.live_run(principal, fwd.model_id)
         loss = build_tinker_loss(fwd.loss_fn, fwd.loss_fn_config)
         built = build_batch(fwd.data, state.model.vocab_size, state.model.pad_token_id)
+        loss.check_inputs(built[1])
         return live, loss, built
 
     live, loss, (batch, loss_inputs, lengths) = await checked(
