@@ -21,6 +21,9 @@ With A = rows × sequence × hidden × b bytes, each layer all-reduces A twice i
 (after o_proj and down_proj) and, with torch's one module per projection, five times in
 backward (the input gradients of q, k, v and of gate, up; Megatron's fused qkv and gate/up
 need two), plus the q/k norm gradients: theory 7·L·2(n-1)/n·A, Megatron's 4·L·2(n-1)/n·A.
+``megatron_tp`` measures MegatronModel on the same model and batch: (4·L + 2)·2(n-1)/n·A,
+the 2 for the vocabulary-parallel embedding's output and the head's input gradient (the
+vocabulary-parallel logps add a few (T,) float reductions).
 
 Tensor parallel on the other families and with data parallel (``tp:<bundled model>`` on 2
 ranks, ``dp2xtp2`` on 4; the bundled tiny configs, random init, 2 rows × 128 tokens a tp
@@ -431,6 +434,54 @@ def child(strategy: str, steps: int) -> None:
     dist.destroy_process_group()
 
 
+def megatron_child(steps: int) -> None:
+    """MegatronModel at tp2 on the same 48M model and batch as ``tp``, counted at
+    ``torch.distributed`` (megatron-core's tensor-parallel regions call it)."""
+    from transformers import Qwen3Config
+
+    from twinkle import DeviceMesh
+    from twinkle.model import MegatronModel
+
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = DeviceMesh.from_sizes(tp_size=world, device_type="cpu")
+    model = MegatronModel(config=Qwen3Config(**CONFIG), device_mesh=mesh, device="cpu")
+    model.set_optimizer("AdamW", lr=1e-4)
+    count_all_reduces_by_group()
+    count_exchanges_by_group()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, CONFIG["vocab_size"], (ROWS_PER_RANK, SEQ_LEN), generator=generator)
+    batch = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+    per_step, seconds = [], []
+    for _ in range(steps + 1):  # the first step warms up and is not counted
+        COUNTS.clear()
+        CALLS.clear()
+        start = time.perf_counter()
+        model.forward_backward(batch)
+        model.clip_grad_and_step(1.0)
+        seconds.append(time.perf_counter() - start)
+        per_step.append((dict(COUNTS), dict(CALLS)))
+    counts, calls = per_step[-1]
+    if rank == 0:
+        # 4 all-reduces of A a layer (after linear_proj and linear_fc2 in forward; the input
+        # gradients of the fused linear_qkv and linear_fc1 in backward), and 2 more of A for
+        # the vocabulary-parallel embedding (forward) and head (its input's gradient).
+        activation = ROWS_PER_RANK * SEQ_LEN * CONFIG["hidden_size"] * 4
+        layers = CONFIG["num_hidden_layers"]
+        theory = (4 * layers + 2) * 2 * (world - 1) / world * activation
+        measured = sum(counts.values())
+        detail = ", ".join(f"{op} {calls[op]}× {counts[op] / 2**20:.3f}" for op in sorted(counts))
+        params = sum(p.numel() for chunk in model.chunks for p in chunk.parameters()) * world
+        print(
+            f"| megatron tp | {params / 1e6:.1f}M (sum of shards) | {measured / 2**20:.1f} | "
+            f"{theory / 2**20:.1f} | {measured / theory:.3f} | {detail} | "
+            f"{1e3 * statistics.median(seconds[1:]):.0f} |",
+            flush=True,
+        )
+    dist.barrier()
+    os._exit(0)  # NOTE: gloo's teardown can abort a rank whose peer closed first
+
+
 def launch(strategy: str, steps: int, ranks: int) -> str:
     return table_rows(__file__, ranks, "--child", strategy, "--steps", str(steps))[0]
 
@@ -442,7 +493,9 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child.startswith("tp:") or args.child == "dp2xtp2":
+        if args.child == "megatron_tp":
+            megatron_child(args.steps)
+        elif args.child.startswith("tp:") or args.child == "dp2xtp2":
             family_child(args.child, args.steps)
         elif args.child in COMBINED:
             model_child(args.child, args.steps)
@@ -456,7 +509,7 @@ def main() -> None:
     print("Bytes one rank sends per optimizer step (MiB, ring algorithm), full training\n")
     print("| strategy | params | measured | theoretical | ratio | per collective (MiB) | ms/step |")
     print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
-    for strategy in ("ddp", "fsdp2", "tp"):
+    for strategy in ("ddp", "fsdp2", "tp", "megatron_tp"):
         print(launch(strategy, args.steps, args.ranks))
     print("\nTensor parallel by family and with dp (bundled tiny configs, 2 rows × 128 tokens")
     print("a tp group; MiB one rank sends a step; theory from the family's plan)\n")
