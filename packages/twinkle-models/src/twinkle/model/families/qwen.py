@@ -82,9 +82,8 @@ QWEN3_5_TP_PLAN = TensorParallelPlan(
 QWEN3_5_MEGATRON_MISSING = (
     "Qwen3.5's Gated DeltaNet linear-attention layers: megatron-core 0.16's GatedDeltaNet "
     "(experimental_attention_variant='gated_delta_net') computes the delta rule only with "
-    "flash-linear-attention's Triton kernels (the fla package, a GPU; no torch path for the "
-    "CPU mode, and not installed with megatron-core), and refuses sequence parallel and packed "
-    "sequences"
+    "flash-linear-attention's Triton kernels (the GPU-only fla extra; it has no torch path "
+    "for the CPU mode), and refuses sequence parallel and packed sequences"
 )
 QWEN3_5 = ModelFamily(
     "qwen3_5",
