@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from twinkle_client import TwinkleClient
@@ -71,6 +73,42 @@ def test_the_client_trains_and_samples_through_ray_serve(served):
         assert [s.tokens for s in first] == [s.tokens for s in again]  # seeded: reproducible
         tuned = sampler.sample(PROMPTS[:1], params, adapter_uri=path)["sequences"]
         assert len(tuned) == 1
+
+
+def test_the_openai_stream_arrives_token_by_token_through_serves_proxy(served):
+    """Serve's proxy passes the ingress's StreamingResponse on as it is written: the first
+    chunk arrives long before the whole completion could have been drawn, not with the
+    rest at the end. The same request unstreamed first, both to warm the sampler (its first
+    call pays for loading) and to time a whole completion."""
+    client = openai.OpenAI(base_url=f"{served['url']}/v1", api_key=served["key"], max_retries=0)
+    request = {
+        "model": MODEL_ID,
+        "prompt": [5, 17, 42],
+        "max_tokens": 32,
+        "extra_body": {"ignore_eos": True},
+    }
+    start = time.perf_counter()
+    whole = client.completions.create(**request)
+    whole_s = time.perf_counter() - start
+    assert whole.usage.completion_tokens == 32
+    warm = stream_arrivals(client, request)  # the first stream pays one-time start-up costs
+    assert len(warm) == 32 + 1
+    arrivals, finishes = stream_arrivals(client, request, finishes=[])
+    assert len(arrivals) == 32 + 1 and finishes[-1] == "length"  # a chunk per token, the finish
+    # Buffered by the proxy, the first chunk would come with the last, after a whole
+    # completion's time.
+    assert arrivals[0] < whole_s / 2, (whole_s, arrivals)
+    assert arrivals[0] < arrivals[-1] / 2, arrivals
+
+
+def stream_arrivals(client, request: dict, finishes: list | None = None):
+    """Seconds from the request to each chunk of its stream (and each finish_reason)."""
+    arrivals, start = [], time.perf_counter()
+    for chunk in client.completions.create(**request, stream=True):
+        arrivals.append(time.perf_counter() - start)
+        if finishes is not None:
+            finishes.append(chunk.choices[0].finish_reason)
+    return arrivals if finishes is None else (arrivals, finishes)
 
 
 def test_sigterm_stops_the_service_and_releases_its_groups(served):

@@ -313,6 +313,9 @@ def test_a_bad_loss_input_on_a_ray_worker_is_a_400_naming_it(ray_server):
     assert bad.status_code == 400, bad.text
     assert "old_logps[0] has 3 values but row 0 of the batch has 4 label tokens" in bad.text
     assert "Traceback" not in bad.text and "worker rank" not in bad.text
+    typo = call("forward_backward", inputs=[FEATURE], advantage=[1.0])  # refused on the worker
+    assert typo.status_code == 400, typo.text
+    assert "unknown keyword 'advantage' (did you mean 'advantages'?)" in typo.text
     good = call("forward_backward", inputs=[FEATURE], advantages=[1.0], old_logps=[[-1.0] * 4])
     assert good.status_code == 200, good.text
 
