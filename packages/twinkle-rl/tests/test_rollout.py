@@ -2,6 +2,8 @@
 of each observation, with per-token masks and logprobs; limits, failures and the real
 TorchSampler's own logprobs of the sequence."""
 
+import functools
+import json
 import sys
 from pathlib import Path
 
@@ -13,7 +15,15 @@ sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from rollout_doubles import ScriptedSampler  # noqa: E402
 
 from twinkle.data_format import Message, SamplingParams, ToolCall  # noqa: E402
-from twinkle.env import ArithmeticToolEnv, Env, StepResult, arithmetic_tasks, task_row  # noqa: E402
+from twinkle.env import (  # noqa: E402
+    ArithmeticToolEnv,
+    CodeSandboxEnv,
+    Env,
+    StepResult,
+    answer_reward,
+    arithmetic_tasks,
+    task_row,
+)
 from twinkle.rollout import MultiTurnRollout  # noqa: E402
 from twinkle.template import Qwen3_5Template  # noqa: E402
 
@@ -124,6 +134,29 @@ def test_an_unparsable_tool_call_is_an_observation_the_model_reads(template):
     assert observation.role == "tool" and "does not parse" in observation.content
     shown = template.decode(sampler.prompts[1][0])
     assert "error: the tool call does not parse" in shown
+
+
+def test_a_sandboxed_program_past_its_limits_is_killed_and_the_model_reads_why(template):
+    """End to end: the model's programs run in CodeSandboxEnv's sandbox; one that loops past
+    its time limit and one that allocates past its memory limit are stopped, the trajectory
+    goes on, and the next prompt carries the report."""
+    eot = im_end(template)
+
+    def run(code):
+        call = {"name": "run_python", "arguments": {"code": code}}
+        return ids(template, f"<tool_call>\n{json.dumps(call)}\n</tool_call>") + [eot]
+
+    big = "bytearray(2**31)"
+    script = [[run("while True: pass"), run(big), run("print(3 * 4)"), ids(template, "12") + [eot]]]
+    env = functools.partial(CodeSandboxEnv, answer_reward, timeout_s=1.0, memory_mb=128)
+    rollout, sampler = rollout_of(template, script, env=env)
+    (trajectory,) = rollout([task_row(3, 4)])
+    assert (trajectory.stop_reason, trajectory.turns, trajectory.reward) == ("done", 4, 1.0)
+    observations = [m.content for m in trajectory.messages if m.role == "tool"]
+    assert "time limit" in observations[0] and "memory limit" in observations[1]
+    assert observations[2] == "12\n"
+    assert "time limit" in template.decode(sampler.prompts[1][0])
+    assert "memory limit" in template.decode(sampler.prompts[2][0])
 
 
 class BreaksOnSecondStep(Env):
