@@ -160,9 +160,9 @@ def test_the_http_sketch_trains_on_the_samplers_result(client):
     """``responses = sampler.sample(inputs=batch, sampling_params=params)`` then
     ``model.forward_backward(inputs=responses, advantages=advantages)``, as the page writes.
 
-    The page sets no loss: a unit with none set trains with GRPOLoss once a call passes
-    advantages (under a cross-entropy they were dropped without a word). A loss chosen with
-    ``set_loss`` that reads no advantages refuses them, naming the losses that do."""
+    The page sets no loss: under the default CrossEntropyLoss its advantages used to be
+    dropped without a word. They are refused now, naming the losses that read them; with
+    ``set_loss('GRPOLoss')`` the same line trains on them."""
     lora_config = LoraConfig(target_modules="all-linear", r=8, lora_alpha=32)
     # 配置模型
     model = MultiLoraTransformersModel(model_id=MODEL_ID)
@@ -173,6 +173,12 @@ def test_the_http_sketch_trains_on_the_samplers_result(client):
     sampler = vLLMSampler(model_id=MODEL_ID)
     batch, params, advantages = PROMPTS, {"max_tokens": MAX_NEW_TOKENS}, [1.0, -1.0]
     responses = sampler.sample(inputs=batch, sampling_params=params)
+    with pytest.raises(BadRequestError) as refused:
+        model.forward_backward(inputs=responses, advantages=advantages)
+    assert refused.value.status == 400
+    assert "CrossEntropyLoss accepts no keyword inputs" in str(refused.value)
+    assert "'advantages' is read by " in str(refused.value) and "set_loss" in str(refused.value)
+    model.set_loss("GRPOLoss")
     output = model.forward_backward(inputs=responses, advantages=advantages)
     model.step()
 
@@ -181,13 +187,6 @@ def test_the_http_sketch_trains_on_the_samplers_result(client):
     # On-policy GRPO: minus the advantages weighted by each row's label tokens.
     want = -sum(a * n for a, n in zip(advantages, lengths, strict=True)) / sum(lengths)
     assert output.loss == pytest.approx(want, rel=1e-5)
-
-    model.set_loss("CrossEntropyLoss")
-    with pytest.raises(BadRequestError) as refused:
-        model.forward_backward(inputs=responses, advantages=advantages)
-    assert refused.value.status == 400
-    assert "CrossEntropyLoss accepts no keyword inputs" in str(refused.value)
-    assert "'advantages' is read by " in str(refused.value) and "set_loss" in str(refused.value)
 
 
 def test_a_multi_turn_rollout_on_the_client_samples_and_trains_on_the_server(client):

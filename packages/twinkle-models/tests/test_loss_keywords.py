@@ -4,8 +4,7 @@
 Checked: the message names the keyword, the closest known name and the loss's inputs; no
 forward runs and no gradient is kept; forward_only, calculate_loss and a batched tenant
 pass refuse the same way; every registered loss declares its inputs; a user's loss that
-declares none still gets every keyword, with one warning; with no loss set, ``advantages``
-choose GRPOLoss.
+declares none still gets every keyword, with one warning.
 """
 
 import warnings
@@ -72,22 +71,10 @@ def test_forward_only_and_calculate_loss_refuse_the_same_way():
 
 def test_cross_entropy_reads_no_keyword():
     model = TransformersModel(MODEL_ID)
-    model.set_loss("CrossEntropyLoss")  # chosen: advantages no longer pick a policy loss
     with pytest.raises(TypeError, match="CrossEntropyLoss accepts no keyword inputs"):
         model.forward_backward(ROWS, advantages=[1.0, -1.0])
     with pytest.raises(TypeError, match=r"'micro_batch' \(did you mean 'micro_batch_size'\?\)"):
         model.forward_backward(ROWS, micro_batch=1)
-
-
-def test_advantages_with_no_loss_set_train_the_policy_loss():
-    """The documents' RL lines set no loss: ``advantages`` then mean GRPOLoss, not a
-    cross-entropy that drops them, and the unit keeps it (a later SFT-style call is refused)."""
-    model = TransformersModel(MODEL_ID)
-    out = model.forward_only(ROWS, advantages=[1.0, -1.0])
-    assert type(model._state(None).loss).__name__ == "GRPOLoss"
-    assert out.loss == pytest.approx(-1 / 7, rel=1e-6)  # on-policy: (-4 + 3) / 7 label tokens
-    with pytest.raises(ValueError, match="advantages"):
-        model.forward_only(ROWS)
 
 
 def test_every_registered_loss_declares_its_inputs():

@@ -79,9 +79,7 @@ class TrainUnitsMixin:
 
     @remote_function(dispatch="all", collect="first", wire=WirePolicy(named=("loss",)))
     def set_loss(self, loss: Any, *, adapter_name: str | None = None, **kwargs: Any) -> None:
-        state = self._state(adapter_name)
-        state.loss = build_loss(loss, **kwargs)
-        state.loss_chosen = True
+        self._state(adapter_name).loss = build_loss(loss, **kwargs)
 
     @remote_function(
         dispatch="all",

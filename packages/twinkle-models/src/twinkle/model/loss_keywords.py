@@ -19,36 +19,18 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from twinkle.loss import LOSSES, CrossEntropyLoss, LossInputs, build_loss
-from twinkle.utils import get_logger
+from twinkle.loss import LOSSES, LossInputs
 
-POLICY_DEFAULT = "GRPOLoss"
-"""The loss a unit with no loss set trains with once a call passes ``advantages``."""
-logger = get_logger("twinkle.model")
 _WARNED: set[str] = set()
 _READERS = ("__call__", "read_extra")
 _NOT_KEYWORDS = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
 
 
-def check_loss_keywords(state: Any, kwargs: Mapping[str, Any], call: Callable[..., Any]) -> None:
-    """Refuse a keyword of ``call`` (a model method taking ``**loss_kwargs``) that the unit's
-    loss (``state.loss``) does not read; no loss (None) is left for the loss lookup to name.
-
-    Until ``set_loss`` is called the default loss follows the call: the documents' RL lines
-    (``forward_backward(inputs=responses, advantages=advantages)``, no loss set) mean a policy
-    loss, so ``advantages`` turns the default CrossEntropyLoss into GRPOLoss, said once."""
-    if not kwargs or state.loss is None:
+def check_loss_keywords(loss: Any, kwargs: Mapping[str, Any], call: Callable[..., Any]) -> None:
+    """Refuse a keyword of ``call`` (a model method taking ``**loss_kwargs``) that ``loss``
+    does not read; ``loss`` None (no loss set yet) is left for the loss lookup to name."""
+    if not kwargs or loss is None:
         return
-    if not state.loss_chosen and type(state.loss) is CrossEntropyLoss and "advantages" in kwargs:
-        state.loss, state.loss_chosen = build_loss(POLICY_DEFAULT), True
-        logger.info(
-            "no loss was set and %s got advantages: training unit %r with %s "
-            "(set_loss chooses another)",
-            call.__name__,
-            state.name,
-            POLICY_DEFAULT,
-        )
-    loss = state.loss
     declared = declared_inputs(loss)
     if declared is None:
         _warn_undeclared(loss, call.__name__)

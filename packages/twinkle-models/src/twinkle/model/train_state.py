@@ -25,7 +25,6 @@ class TrainState:
     optimizer: torch.optim.Optimizer | None = None
     lr_scheduler: Any = None
     loss: Any = None
-    loss_chosen: bool = False  # set_loss was called; until then the default follows the call
     template: Any = None
     processor: Any = None
     metrics: Any = None  # MetricCollection fed by forward_backward and each optimizer step

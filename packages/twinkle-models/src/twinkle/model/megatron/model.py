@@ -337,7 +337,7 @@ class MegatronModel(
         count accumulate until a step. Returns the mean loss over this call's tokens and the
         per-token logps (aligned with the labels), the same on every rank."""
         state = self._state(adapter_name)
-        check_loss_keywords(state, loss_kwargs, MegatronModel.forward_backward)
+        check_loss_keywords(state.loss, loss_kwargs, MegatronModel.forward_backward)
         state.pending_loss = None  # calculate_loss reads the last forward_only alone
         for chunk in self.chunks:
             chunk.train()
@@ -389,7 +389,7 @@ class MegatronModel(
         self, inputs: Any, adapter_name: str | None, loss_kwargs: dict[str, Any]
     ) -> ModelOutput:
         state = self._state(adapter_name)
-        check_loss_keywords(state, loss_kwargs, MegatronModel.forward_only)
+        check_loss_keywords(state.loss, loss_kwargs, MegatronModel.forward_only)
         for chunk in self.chunks:
             chunk.eval()
         batch, loss_kwargs, restore = self._collate(inputs, state, loss_kwargs)

@@ -533,7 +533,7 @@ class TransformersModel(
         workers) returns no rows and still joins the gradient reduction, adding zero.
         """
         state = self._state(adapter_name)
-        check_loss_keywords(state, loss_kwargs, TransformersModel.forward_backward)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.forward_backward)
         state.pending_forward = state.pending_loss = None  # this forward is the last one
         self._train_mode()
         if state.window_start is None:
@@ -638,7 +638,7 @@ class TransformersModel(
         if self._parallel().pipeline is not None:
             refuse_three_calls("calculate_loss")
         state = self._state(adapter_name)
-        check_loss_keywords(state, loss_kwargs, TransformersModel.calculate_loss)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.calculate_loss)
         if state.pending_forward is None:
             raise ValueError(
                 "calculate_loss needs outputs: call forward(inputs) (or forward_only(inputs) "
@@ -685,7 +685,7 @@ class TransformersModel(
         gradients nor the training metrics. ``task='embedding'`` returns the pooled
         ``embeddings`` (and the loss when the batch carries group labels)."""
         state = self._state(adapter_name)
-        check_loss_keywords(state, loss_kwargs, TransformersModel.forward_only)
+        check_loss_keywords(state.loss, loss_kwargs, TransformersModel.forward_only)
         self.model.eval()
         eval_metrics = state.eval_metrics
         state.pending_forward = state.pending_loss = None

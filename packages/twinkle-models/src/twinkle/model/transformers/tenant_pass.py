@@ -164,7 +164,7 @@ def _prepare(model: Any, index: int, request: TenantRequest, training: bool) -> 
         raise _RunsAlone
     state = model._states[request.adapter_name]
     call = TransformersModel.forward_backward if training else TransformersModel.forward_only
-    check_loss_keywords(state, request.loss_kwargs, call)
+    check_loss_keywords(state.loss, request.loss_kwargs, call)
     batch = model._collate(request.inputs, state)
     if is_packed_batch(batch):
         raise _RunsAlone  # packed by its processor: its own positions and sequence offsets
