@@ -107,5 +107,7 @@ def test_routing_replay_reaches_the_policy_workers(groups):
     replayed = replay_losses(TransformersModel(MOE, seed=0, routing_replay=True), batch)
     free = replay_losses(TransformersModel(MOE, seed=0), batch)
     assert remote[0] == pytest.approx(replayed[0], abs=TOLERANCE)
-    assert remote[1] == pytest.approx(replayed[1], abs=TOLERANCE)
+    # After the lr-0.2 AdamW step: 1.5e-5 apart on some machines of this kind (5.14 loss),
+    # float noise the step magnified; unreplayed routes move it by over 1e-3.
+    assert remote[1] == pytest.approx(replayed[1], abs=5 * TOLERANCE)
     assert abs(free[1] - replayed[1]) > 100 * TOLERANCE, (free, replayed)

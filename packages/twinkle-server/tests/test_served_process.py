@@ -148,14 +148,15 @@ def test_a_stream_sends_its_first_token_long_before_its_last(live):
     server, _, _ = live
     body = {"model": BASE, "prompt": [5, 17, 42], "max_tokens": 32, "ignore_eos": True}
     headers = {"Authorization": f"Bearer {server.alice}"}
-    arrivals = []
-    start = time.perf_counter()
-    with httpx.stream(
-        "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, headers=headers
-    ) as answer:
-        for line in answer.iter_lines():
-            if line.startswith("data: {"):
-                arrivals.append(time.perf_counter() - start)
+    for _ in range(2):  # the first stream also pays the sampler's one-off start-up
+        arrivals = []
+        start = time.perf_counter()
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, headers=headers
+        ) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.perf_counter() - start)
     assert len(arrivals) == 32 + 1  # a chunk per token, then the finish
     # Tokens arrive as drawn: the first after the prompt and one step, not after all 32.
     assert arrivals[0] < arrivals[-1] / 2, arrivals
