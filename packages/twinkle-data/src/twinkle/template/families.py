@@ -126,8 +126,9 @@ class Qwen3Template(FormatTemplate):
 
 
 class Qwen3_5FormatTemplate(FormatTemplate):
-    """Qwen3.5: ChatML with thinking and XML tool calls (``Qwen3_5Template`` scans the
-    tokenizer's own template instead)."""
+    """Qwen3.5: ChatML with thinking and XML tool calls; with tools, the system turn lists
+    them with Qwen3.5's calling guide and the system prompt after it
+    (``Qwen3_5Template`` renders the tokenizer's own template instead)."""
 
     chat_format = ChatFormat("qwen3_5", _CHATML, ("<|im_end|>",), "qwen_xml")
 
