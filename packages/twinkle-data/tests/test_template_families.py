@@ -137,10 +137,13 @@ def gemma3(messages, tools):
     return pieces
 
 
-def deepseek_v3(messages, tools):
+def deepseek_v3(messages, tools, thinking=True):
+    """Thinking (the default): the generation prompt opens ``<think>\n``, and each reply after
+    the last user message that follows it is written as the model writes it there."""
     assert not tools
     pieces = [("<｜begin▁of▁sentence｜>", False)]
     pieces += [(m["content"], False) for m in messages if m["role"] == "system"]
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
     for i, m in enumerate(messages):
         if m["role"] == "user":
             pieces.append(("<｜User｜>" + m["content"], False))
@@ -153,8 +156,15 @@ def deepseek_v3(messages, tools):
             )
         elif m["role"] == "assistant":
             after_tool = messages[i - 1]["role"] == "tool"
-            pieces.append(("<｜tool▁outputs▁end｜>" if after_tool else "<｜Assistant｜>", False))
             body = m["content"]
+            if after_tool:
+                header = "<｜tool▁outputs▁end｜>"
+            elif thinking and i > last_user:
+                header = "<｜Assistant｜><think>\n"
+                body = f"{m.get('reasoning_content', '')}\n</think>\n\n{body}"
+            else:
+                header = "<｜Assistant｜>"
+            pieces.append((header, False))
             if m.get("tool_calls"):
                 body += (
                     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
@@ -271,7 +281,7 @@ FAMILIES = {
     "tiny-deepseek-v3": (
         deepseek_v3,
         "DeepSeekV3Template",
-        [system_user_reply, two_turns, tool_turns],
+        [system_user_reply, two_turns, tool_turns, thinking_turn],
     ),
     "tiny-glm4.5": (
         glm4,

@@ -4,6 +4,7 @@ built-in Template and the generic Template on the model's template render the sa
 and give the same tokens and labels, or differ exactly where the built-in means to."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,86 @@ def test_qwen3_5_refuses_arguments_given_as_json_text():
     ]
     with pytest.raises(Exception, match="as a dict, not a JSON string"):
         built_in.encode({**row, "messages": messages})
+
+
+DEEPSEEK_ROWS = {
+    "two system prompts, two turns": {
+        "messages": [
+            {"role": "system", "content": "You help."},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nHi there."},
+            {"role": "user", "content": "Add 2 and 3."},
+            {"role": "assistant", "content": "It is 5.", "reasoning_content": "2 + 3 = 5"},
+        ]
+    },
+    "a call, its result, the answer": {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ],
+        "tools": [WEATHER],
+    },
+}
+_THINK = re.compile(r"(?<=<｜Assistant｜>)<think>\n.*?\n</think>\n\n", re.DOTALL)
+
+
+def deepseek_pair(**settings):
+    model_id = "bundled://tiny-deepseek-v3"
+    source = (TRL_TEMPLATES / "deepseekv3.jinja").read_text()
+    own = Template(model_id, chat_template=source, **settings)
+    return TEMPLATES.get("DeepSeekV3Template")(model_id, **settings), own
+
+
+@pytest.mark.parametrize("title", sorted(DEEPSEEK_ROWS))
+def test_deepseek_thinking_opens_the_models_think_block_and_trains_what_follows(title):
+    """Thinking (the default): the generation prompt is the model's, ``<think>\\n`` included,
+    and each reply after it is trained as its continuation; the model's template writes the
+    same text but for the think blocks of those replies."""
+    built_in, own = deepseek_pair()
+    row = DEEPSEEK_ROWS[title]
+    prompt = prompt_of(row)
+    generation = built_in.render(prompt, add_generation_prompt=True)
+    assert _THINK.sub("", generation) == own.render(prompt, add_generation_prompt=True)
+    text = built_in.render(row)
+    assert _THINK.sub("", text) == own.render(row)
+    feature = built_in.encode(row, train_turns="last")
+    assert built_in.decode(feature["input_ids"]) == text
+    trained = built_in.decode([t for t in feature["labels"] if t != -100])
+    last = row["messages"][-1]
+    if generation.endswith("<think>\n"):  # the reply continues the prompt's think block
+        assert text.startswith(generation)
+        assert (
+            trained
+            == f"{last['reasoning_content']}\n</think>\n\n{last['content']}<｜end▁of▁sentence｜>"
+        )
+    else:  # after tool results the model answers straight away
+        assert trained == f"{last['content']}<｜end▁of▁sentence｜>"
+
+
+@pytest.mark.parametrize("title", sorted(DEEPSEEK_ROWS))
+def test_deepseek_without_thinking_renders_the_models_text(title):
+    """enable_thinking=False (V3 as a chat model): every reply as the model's template
+    writes it, labelled exactly; only the generation prompt opens no think block."""
+    built_in, own = deepseek_pair(enable_thinking=False)
+    row = DEEPSEEK_ROWS[title]
+    assert built_in.render(row) == own.render(row)
+    prompt = prompt_of(row)
+    generation = built_in.render(prompt, add_generation_prompt=True)
+    theirs = own.render(prompt, add_generation_prompt=True)
+    assert generation in (theirs, theirs.removesuffix("<think>\n"))
+    assert not generation.endswith("<think>\n")
+    feature = built_in.encode(row, train_turns="last")
+    trained = built_in.decode([t for t in feature["labels"] if t != -100])
+    assert trained == row["messages"][-1]["content"] + "<｜end▁of▁sentence｜>"

@@ -86,7 +86,14 @@ class Gemma3Template(FormatTemplate):
 
 
 class DeepSeekV3Template(FormatTemplate):
-    """DeepSeek-V3 / R1: ``<｜User｜>``/``<｜Assistant｜>`` turns, tool-call tokens."""
+    """DeepSeek-V3 / R1: ``<｜User｜>``/``<｜Assistant｜>`` turns, tool-call tokens.
+
+    Thinking by default, as R1 and the template DeepSeek-V3 ships: the generation prompt
+    is ``<｜Assistant｜><think>\n`` and a reply after the last user message is trained as
+    the model writes it there, ``<think>\n{reasoning}\n</think>\n\n{text}`` (that
+    template drops the reasoning, so its replies do not continue its own prompt).
+    ``enable_thinking=False`` is V3 as a chat model: the prompt is ``<｜Assistant｜>`` and
+    replies are their text."""
 
     chat_format = ChatFormat(
         "deepseek_v3",
