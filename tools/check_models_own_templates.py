@@ -114,6 +114,13 @@ DEEPSEEK_CHAT = ByDesign(
     "no <think> opened without thinking",
     prompt=lambda text: text + "<think>\n" if text.endswith("<｜Assistant｜>") else text,
 )
+# mistral-common's v3 tokenizer puts the system prompt on the last user message; the
+# template Mistral ships with v0.3 writes it only when that message ends the conversation,
+# so a conversation ending with a reply, as every training row does, loses it.
+MISTRAL_V3 = ByDesign(
+    "the system prompt on the last user turn, as mistral-common's v3 tokenizer writes it",
+    text=lambda text: text.replace("[INST] You help.\n\n", "[INST] "),
+)
 # (built-in Template, bundled model, the model's template file, where it is, settings,
 # conversations the format has: formats without reasoning or tools skip those, and the
 # differences it makes on purpose, if any).
@@ -162,6 +169,7 @@ CHECKS = [
 BY_DESIGN = {
     ("DeepSeekV3Template", ()): DEEPSEEK_THINKING,
     ("DeepSeekV3Template", (("enable_thinking", False),)): DEEPSEEK_CHAT,
+    ("MistralTemplate", ()): MISTRAL_V3,
 }
 
 

@@ -72,7 +72,12 @@ class Llama3Template(FormatTemplate):
 
 
 class MistralTemplate(FormatTemplate):
-    """Mistral instruct (v3 tokenizers): ``[INST]`` turns, ``[TOOL_CALLS]`` JSON lists."""
+    """Mistral instruct with tools as v3 SentencePiece tokenizers write it (Mistral 7B
+    Instruct v0.3, Mixtral 8x22B): ``[INST]`` turns, ``[TOOL_CALLS]`` JSON lists. The
+    system prompt goes with the last user message, as mistral-common's v3 (and v2)
+    tokenizer puts it; v1 puts it in the first user message, v7 and later give it a
+    ``[SYSTEM_PROMPT]`` turn. (The Jinja template v0.3 ships writes it only when that user
+    message ends the conversation, so it drops it from every training row.)"""
 
     chat_format = ChatFormat("mistral", ("[INST]", "[/INST]", "</s>"), ("</s>",), "mistral")
 
