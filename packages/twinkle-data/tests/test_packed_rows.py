@@ -33,6 +33,21 @@ def test_packs_the_real_tokens_in_row_order_with_restarting_positions(side):
     assert set(packed.model_inputs()) == {"input_ids", "position_ids"}
 
 
+def test_the_varlen_batch_is_the_padding_free_processors_row():
+    """What a strategy that splits rows over ranks reads: the same keys and values as
+    InputProcessor(padding_free=True) gives for these features, sequence starts unlabelled."""
+    packed = pack_padded(InputProcessor(padding_side="left", pad_token_id=7)(features()))
+    varlen = packed.varlen_batch()
+    reference = InputProcessor(padding_free=True)(features())
+    reference.pop("num_pad_tokens")
+    assert varlen.keys() == reference.keys()
+    for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
+        assert torch.equal(varlen[key], reference[key]), key
+        assert varlen[key].dtype == reference[key].dtype, key
+    assert varlen["max_length_q"] == varlen["max_length_k"] == reference["max_length_q"] == 3
+    assert varlen["labels"].tolist() == [[X, 12, 13, X, X, 32]]
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_to_rows_puts_every_value_back_in_its_padded_place_and_keeps_gradients(side):
     batch = InputProcessor(padding_side=side, pad_token_id=7)(features())

@@ -198,6 +198,18 @@ def test_the_choice_is_logged_once(caplog):
     assert len(lines) == 1 and "attention 'sdpa'" in lines[0]
 
 
+def test_the_logged_advice_runs_as_written_with_the_processor_by_name():
+    """The log line and the refusal say set_processor('InputProcessor', padding_free=False):
+    a registered name works locally as over the client (it was stored as a string)."""
+    model = build("qwen3", None)
+    model.set_processor("InputProcessor", padding_free=False)
+    seen = RowsSeen(model)
+    model.forward_backward(inputs=skewed(VOCAB))
+    assert seen.shapes == [(5, 17)]
+    with pytest.raises(ValueError, match=r"unknown input processor 'InputProcesor'; known: "):
+        model.set_processor("InputProcesor")
+
+
 @pytest.mark.parametrize(
     "lengths", [(9, 9, 9, 9), (12,)], ids=["uniform lengths", "single sequence"]
 )

@@ -4,7 +4,8 @@ One torchrun launch runs every case of scripts/sp_equivalence.py. Tolerances (fl
 losses to 1e-6 relative; first-step gradients to 1e-6 absolute (measured: <= 5e-8);
 parameters after 3 SGD steps to 1e-5, after 3 AdamW steps through TransformersModel to
 1e-5 (measured: <= 2e-6); the MoE with its router aux loss through TransformersModel, 3 SGD
-steps, to 1e-5.
+steps, to 1e-5. With no processor set (padding-free by default) each batch runs as one
+packed row split over the SP ranks, against one process training the same batches padded.
 """
 
 import json
@@ -52,6 +53,33 @@ def test_transformers_model_under_sp_matches_one_process(results, case):
         assert rank[case]["strategy"] == "SequenceParallelStrategy"
     assert results[0][case]["weights_compared"] > 0
     assert results[0][case]["max_param_diff"] < 1e-5
+
+
+ROW_LENGTHS = [(7 + step, 12, 5) for step in range(3)]  # sp_equivalence.feature_batches
+
+
+@pytest.mark.parametrize("case", ("model_full_default", "model_lora_default"))
+def test_the_default_runs_packed_under_sp_and_equals_one_process_padded(results, case):
+    """No processor set: each batch runs as one packed row split over the SP ranks. The
+    losses' bound (1e-5 relative; measured equal) and the weights' after 3 AdamW steps
+    (1e-4; measured 4.6e-6 full, 2.5e-6 LoRA) still catch a packed sequence attending to
+    the one before it or a label at a sequence start (step-one loss off by > 1e-3, weights
+    by ~lr = 1e-3)."""
+    halves = [[1, (sum(row) + 1) // 2] for row in ROW_LENGTHS]
+    for rank in results:
+        got = rank[case]
+        assert got["shapes"] == halves
+        assert got["losses_sp"] == pytest.approx(got["losses_ref"], rel=1e-5)
+    assert results[0][case]["weights_compared"] > 0
+    assert results[0][case]["max_param_diff"] < 1e-4
+
+
+def test_a_forward_without_labels_stays_padded_under_sp(results):
+    """Its logits may stay per shard (gather_logits=False), so they keep the padded rows."""
+    for rank in results:
+        got = rank["unlabelled_default"]
+        assert got["shapes"] == [[3, 6]] and got["shape"][:2] == [3, 12]
+        assert got["max_diff"] < 1e-5
 
 
 def test_forward_without_labels_returns_full_logits(results):

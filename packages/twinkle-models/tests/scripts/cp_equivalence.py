@@ -10,7 +10,9 @@ and on packed rows; Ulysses with ulysses_size=2 on a model with one key/value he
 falls back to ring attention; a forward without labels (gathered logits); a row shorter than
 2 × cp blocks. Then TransformersModel with DeviceMesh(cp_size=2): full training on padded
 batches and LoRA with activation checkpointing (the ring runs again in the backward) on
-packed ones, AdamW and clipping, against TransformersModel without a mesh.
+packed ones, AdamW and clipping, against TransformersModel without a mesh; and both with no
+processor set (padding-free by default: cp runs each batch as one packed row) against one
+process training the same batches padded.
 
 cp2_fsdp2 (4 ranks): the same two TransformersModel runs with fsdp_size=2 × cp_size=2, each
 fsdp rank reading its share of the global batch (uneven: 2 rows and 1). Results go to
@@ -27,7 +29,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from peft import LoraConfig
-from sp_equivalence import batches, build, max_diff, reference_step, sp_step, tiny_config
+from sp_equivalence import (
+    batches,
+    build,
+    max_diff,
+    reference_step,
+    rows_seen,
+    sp_step,
+    tiny_config,
+)
 from sp_equivalence import feature_batches as sp_feature_batches
 
 from twinkle.mesh import DeviceMesh
@@ -98,16 +108,19 @@ def my_share(batch: list, mesh: DeviceMesh | None) -> list:
     return batch if mesh is None else batch[mesh.get_slice(len(batch))]
 
 
-def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
+def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool | None) -> dict:
+    """``packed`` None: the processor leaves the choice to the model (padding-free by
+    default)."""
     torch.manual_seed(0)  # the LoRA init draws from the global generator
     model = TransformersModel(
         "bundled://tiny-qwen3", device="cpu", device_mesh=mesh, gradient_checkpointing=lora
     )
     if lora:
         model.add_adapter_to_model("default", LoraConfig(r=4, target_modules="all-linear"))
-    model.set_processor(InputProcessor, padding_free=packed)
+    if packed is not None:
+        model.set_processor(InputProcessor, padding_free=packed)
     model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
-    losses, norms = [], []
+    losses, norms, shapes = [], [], rows_seen(model)
     for features in sp_feature_batches(model.model.config.vocab_size):
         model.forward_backward(my_share(features, mesh))
         model.clip_grad_and_step(1.0)
@@ -122,11 +135,16 @@ def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
         "grad_norms": norms,
         "weights": {n: state[n].float() for n in names if n in state},
         "strategy": strategy,
+        "shapes": shapes,
     }
 
 
-def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
-    reference = train_model(None, lora, packed)
+def model_case(
+    mesh: DeviceMesh, lora: bool, packed: bool | None, reference_packed: bool | None = None
+) -> dict:
+    """cp against one process; ``reference_packed`` sets the one process's processor apart
+    (default: the same as the cp run's)."""
+    reference = train_model(None, lora, packed if reference_packed is None else reference_packed)
     parallel = train_model(mesh, lora, packed)
     diffs = [(reference["weights"][n] - w).abs().max() for n, w in parallel["weights"].items()]
     return {
@@ -135,6 +153,7 @@ def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
         "grad_norms_ref": reference["grad_norms"],
         "grad_norms_cp": parallel["grad_norms"],
         "strategy": parallel["strategy"],
+        "shapes": parallel["shapes"],
         "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
         "max_param_diff": float(max(diffs)) if diffs else None,
     }
@@ -162,6 +181,11 @@ def main(mode: str, out: Path) -> None:
         result = {}
     result["model_full_padded"] = model_case(mesh, lora=False, packed=False)
     result["model_lora_packed"] = model_case(mesh, lora=True, packed=True)
+    if mode == "cp2":
+        # The documents' loop sets no processor: cp packs each batch's padding away, and
+        # equals one process training padded batches.
+        result["model_full_default"] = model_case(mesh, False, None, reference_packed=False)
+        result["model_lora_default"] = model_case(mesh, True, None, reference_packed=False)
     (out / f"{mode}_rank{dist.get_rank()}.json").write_text(json.dumps(result))
     # NOTE: gloo's teardown can abort a rank whose peer closed first (sp_equivalence).
     dist.barrier()

@@ -155,9 +155,18 @@ def run_case(kind: str, packed: bool, mesh: DeviceMesh, attention: str = "sdpa")
     }
 
 
-def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
+def rows_seen(model: TransformersModel) -> list[list[int]]:
+    """The (rows, tokens) shape of every forward's input on this rank: (1, ·) ran packed."""
+    shapes: list[list[int]] = []
+    embeddings = model._hf_model().get_input_embeddings()
+    embeddings.register_forward_hook(lambda m, args, out: shapes.append(list(args[0].shape)))
+    return shapes
+
+
+def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool | None) -> dict:
     """TransformersModel's own loop (FSDP over the SP ranks, from the mesh) on the bundled
-    model: losses per step and the gathered trainable weights."""
+    model: losses per step, the gathered trainable weights and the forwards' input shapes.
+    ``packed`` None: the processor leaves the choice to the model (padding-free by default)."""
     torch.manual_seed(0)  # the LoRA init draws from the global generator
     # LoRA also recomputes activations: the all-to-alls run again inside the backward.
     model = TransformersModel(
@@ -165,9 +174,10 @@ def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
     )
     if lora:
         model.add_adapter_to_model("default", LoraConfig(r=4, target_modules="all-linear"))
-    model.set_processor(InputProcessor, padding_free=packed)
+    if packed is not None:
+        model.set_processor(InputProcessor, padding_free=packed)
     model.set_optimizer("AdamW", lr=1e-2 if lora else 1e-3)
-    losses = []
+    losses, shapes = [], rows_seen(model)
     for features in feature_batches(model.model.config.vocab_size):
         losses.append(model.forward_backward(features).loss)
         model.clip_grad_and_step(1.0)
@@ -175,7 +185,7 @@ def train_model(mesh: DeviceMesh | None, lora: bool, packed: bool) -> dict:
     state = full_model_state_dict(model.model)
     strategy = type(sequence_parallel_of(model.model)).__name__  # what the model path ran
     weights = {n: state[n].float() for n in names if n in state}
-    return {"losses": losses, "weights": weights, "strategy": strategy}
+    return {"losses": losses, "weights": weights, "strategy": strategy, "shapes": shapes}
 
 
 def train_moe(mesh: DeviceMesh | None, aux_coef: float) -> dict:
@@ -210,16 +220,42 @@ def moe_aux_case(mesh: DeviceMesh) -> dict:
     }
 
 
-def model_case(mesh: DeviceMesh, lora: bool, packed: bool) -> dict:
-    reference = train_model(None, lora, packed)
+def model_case(
+    mesh: DeviceMesh, lora: bool, packed: bool | None, reference_packed: bool | None = None
+) -> dict:
+    """SP against one process; ``reference_packed`` sets the one process's processor
+    apart (default: the same as the SP run's)."""
+    reference = train_model(None, lora, packed if reference_packed is None else reference_packed)
     parallel = train_model(mesh, lora, packed)
     diffs = [(reference["weights"][n] - w).abs().max() for n, w in parallel["weights"].items()]
     return {
         "losses_ref": reference["losses"],
         "losses_sp": parallel["losses"],
         "strategy": parallel["strategy"],
+        "shapes": parallel["shapes"],
         "weights_compared": len(diffs),  # rank 0 gathers the weights; the others get none
         "max_param_diff": float(max(diffs)) if diffs else None,
+    }
+
+
+def unlabelled_forward(mesh: DeviceMesh) -> dict:
+    """TransformersModel.forward without labels under SP (padding-free by default): the
+    logits of the padded rows, as one process returns them on the real tokens (one process
+    packs, so its padding's logits are 0), and the shapes each SP forward ran."""
+    logits, shapes = [], None
+    for parallel in (None, mesh):
+        torch.manual_seed(0)
+        model = TransformersModel("bundled://tiny-qwen3", device="cpu", device_mesh=parallel)
+        features = feature_batches(model.model.config.vocab_size)[0]
+        rows = [{"input_ids": f["input_ids"]} for f in features]
+        shapes = rows_seen(model)
+        logits.append(model.forward(rows).logits)
+    width = logits[1].shape[1]
+    real = torch.stack([torch.arange(width) < len(row["input_ids"]) for row in rows])
+    return {
+        "shape": list(logits[1].shape),
+        "max_diff": float((logits[0] - logits[1]).abs()[real].max()),
+        "shapes": shapes,
     }
 
 
@@ -262,6 +298,11 @@ def main(out: Path) -> None:
         "logits_diff": gathered_logits(mesh),
         "model_full_padded": model_case(mesh, lora=False, packed=False),
         "model_lora_packed": model_case(mesh, lora=True, packed=True),
+        # The documents' loop sets no processor: SP packs each batch's padding away, and
+        # equals one process training padded batches.
+        "model_full_default": model_case(mesh, lora=False, packed=None, reference_packed=False),
+        "model_lora_default": model_case(mesh, lora=True, packed=None, reference_packed=False),
+        "unlabelled_default": unlabelled_forward(mesh),
         # Heads that do not split fall back to ring attention (cp_equivalence), which runs
         # full-attention models only: a hybrid one is refused at setup.
         "bad_kv_heads": setup_error("qwen3_5", mesh, num_key_value_heads=1),

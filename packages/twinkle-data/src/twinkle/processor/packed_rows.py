@@ -42,6 +42,25 @@ class PackedRows:
         """The forward's keyword arguments: no attention mask, the positions part the rows."""
         return {"input_ids": self.input_ids, "position_ids": self.position_ids}
 
+    def varlen_batch(self) -> dict[str, Any]:
+        """The packed row as ``InputProcessor(padding_free=True)`` collates one: positions
+        and ``cu_seq_lens`` (int32, one span per non-empty row) mark the sequences, so a
+        strategy that splits a row over ranks (Ulysses, ring attention) keeps them apart;
+        ``labels`` with the first token of every sequence unlabelled."""
+        lengths = self.lengths[self.lengths > 0]
+        bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        longest = int(lengths.max()) if lengths.numel() else 0
+        batch: dict[str, Any] = {
+            **self.model_inputs(),
+            "cu_seq_lens_q": bounds,
+            "cu_seq_lens_k": bounds.clone(),
+            "max_length_q": longest,
+            "max_length_k": longest,
+        }
+        if self.labels is not None:
+            batch["labels"] = self.labels
+        return batch
+
     def to_rows(self, values: torch.Tensor) -> torch.Tensor:
         """``[1, N, ...]`` packed values as ``[B, T, ...]`` rows, 0 on padding; keeps the
         autograd graph, so a loss on the rows back-propagates into the packed forward."""

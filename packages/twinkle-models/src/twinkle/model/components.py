@@ -23,7 +23,7 @@ from twinkle.loss import build_loss
 from twinkle.metric import MetricCollection, build_metric, build_train_metrics
 from twinkle.model.default_optimizer import DEFAULT_OPTIMIZER, default_lr
 from twinkle.model.train_state import FULL_MODEL, TrainState
-from twinkle.processor import InputProcessor
+from twinkle.processor import INPUT_PROCESSORS, InputProcessor
 from twinkle.template import build_template
 from twinkle.utils import get_logger
 
@@ -97,6 +97,10 @@ class TrainUnitsMixin:
     def set_processor(
         self, processor: Any, *, adapter_name: str | None = None, **kwargs: Any
     ) -> None:
+        """The unit's processor: an instance, a class or a registered name
+        (``'InputProcessor'``, as the Twinkle client sends it) built with ``kwargs``."""
+        if isinstance(processor, str):
+            processor = INPUT_PROCESSORS.get(processor)
         state = self._state(adapter_name)
         state.processor = processor(**kwargs) if isinstance(processor, type) else processor
 

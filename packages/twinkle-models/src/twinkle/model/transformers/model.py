@@ -419,22 +419,33 @@ class TransformersModel(
         if is_packed_batch(batch):
             self._packing.require(base, "the batch is packed (several sequences in one row)")
         plan = self._parallel()
-        packed = None if plan.splits_sequences else self._packing.pack(base, batch, self._mode())
+        packed = None
+        if self._may_pack(plan.splits_sequences, labels is not None):
+            packed = self._packing.pack(base, batch, self._mode())
         if packed is not None:  # padded rows, run as one packed row and scattered back
             model_inputs = {**packed.model_inputs(), **extra}
             labels = packed.labels
         # Packed rows need layers that keep their sequences apart (Qwen3.5's linear attention).
         apply_for_batch(base, model_inputs if packed is not None else batch)
-        prepared = plan.prepare_batch(batch)
+        # A strategy that splits sequences splits the packed row, its sequences marked.
+        prepared = plan.prepare_batch(batch if packed is None else packed.varlen_batch())
         if prepared is not None:  # this rank runs a part of the batch; the plan finishes it
             inputs, part = prepared
             with autocast(self.precision, self.device.type):
                 logits = self.model(**inputs, **extra, use_cache=False).logits
-                return plan.finish_outputs(part, logits), part, False
-        outputs = self._token_outputs(base, model_inputs, labels)
+                outputs = plan.finish_outputs(part, logits)
+        else:
+            part, outputs = None, self._token_outputs(base, model_inputs, labels)
         if packed is None:
-            return outputs, None, False
-        return {key: packed.to_rows(value) for key, value in outputs.items()}, None, True
+            return outputs, part, False
+        return {key: packed.to_rows(value) for key, value in outputs.items()}, part, True
+
+    def _may_pack(self, splits_sequences: bool, labelled: bool) -> bool:
+        """Whether a padded batch may run packed. Under a strategy that splits sequences only
+        a labelled forward outside routing replay: its logps are gathered and scattered back
+        to rows, while unlabelled logits may stay per shard (``gather_logits=False``) and
+        recorded routes are per shard of the padded rows."""
+        return not splits_sequences or (labelled and not self._routing.engaged)
 
     def _mode(self) -> bool | None:
         """The active unit's processor's ``padding_free`` (None: the model chooses)."""

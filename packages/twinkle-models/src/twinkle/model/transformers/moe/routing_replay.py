@@ -142,7 +142,8 @@ class RoutingReplay:
     training forwards of that batch (``capacity`` batches kept, the oldest dropped first).
 
     ``splits_sequences``: the forward runs a shard of each row (Ulysses SP), so the routes
-    are this rank's shard's, (B, T_shard, top_k).
+    are this rank's shard's, (B, T_shard, top_k). ``engaged`` tells the forward inside a
+    record or replay, which then keeps the layout the routes are stored in.
     """
 
     def __init__(self, enabled: bool = False, capacity: int = 16) -> None:
@@ -150,6 +151,22 @@ class RoutingReplay:
             raise TypeError(f"routing_replay must be True or False, got {enabled!r}")
         self.enabled, self.capacity = enabled, capacity
         self._routes: OrderedDict[str, Routes] = OrderedDict()
+        self._engaged = 0
+
+    @property
+    def engaged(self) -> bool:
+        """Whether a forward runs inside ``record`` or ``replay`` now: under SP its routes are
+        per shard of the padded rows, so such a forward must not pack them."""
+        return self._engaged > 0
+
+    @contextmanager
+    def _engaging(self, context: Any) -> Iterator[Any]:
+        self._engaged += 1
+        try:
+            with context as value:
+                yield value
+        finally:
+            self._engaged -= 1
 
     def active(self, override: bool | None) -> bool:
         """The call's ``routing_replay`` when given, else the model's."""
@@ -165,7 +182,7 @@ class RoutingReplay:
 
     @contextmanager
     def _recording(self, model, batch, unit, splits_sequences) -> Iterator[None]:
-        with record_routing(model) as flat:
+        with self._engaging(record_routing(model)) as flat:
             yield
         rows = batch["input_ids"].shape[0]
         mask = None if splits_sequences else batch.get("attention_mask")
@@ -199,7 +216,10 @@ class RoutingReplay:
             )
         mask = None if splits_sequences else micro.get("attention_mask")
         grids = [None if g is None else g[rows] for g in grids]
-        return _replaying(model, len(grids), lambda i, tokens: _in_layout(grids[i], mask, tokens))
+        replaying = _replaying(
+            model, len(grids), lambda i, tokens: _in_layout(grids[i], mask, tokens)
+        )
+        return self._engaging(replaying)
 
 
 def _to_grid(flat: torch.Tensor, rows: int, mask: torch.Tensor | None) -> torch.Tensor:
