@@ -204,14 +204,15 @@ def bench_model(session: nox.Session) -> None:
 
 @nox.session(name="bench-parallel", default=False)
 def bench_parallel(session: nox.Session) -> None:
-    """Padding-free against padded tokens/s; FSDP2 against DDP bytes on the wire per step;
-    tensor parallel's bytes per family and with dp, Ulysses and EP against theory; ring
-    attention's bytes per step at cp2 and cp4 against theory; the pipeline bubble and bytes
-    of pp2 against theory."""
+    """Padding-free against padded tokens/s, on one process and by default under sp2 and
+    cp2; FSDP2 against DDP bytes on the wire per step; tensor parallel's bytes per family and
+    with dp, Ulysses and EP against theory; ring attention's bytes per step at cp2 and cp4
+    against theory; the pipeline bubble and bytes of pp2 against theory."""
     _run_benchmarks(
         session,
         "twinkle-models",
         "bench_parallel_packing.py",
+        "bench_parallel_sp_packing.py",
         "bench_parallel_comm.py",
         "bench_parallel_cp.py",
         "bench_parallel_pp.py",
