@@ -31,7 +31,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: one thread per rank
@@ -40,7 +39,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_parallel_packing import model_config, padded_batches, skewed_dataset  # noqa: E402
+from bench_parallel_packing import (  # noqa: E402
+    model_config,
+    one_pass,
+    padded_batches,
+    skewed_dataset,
+)
 from provenance import commit  # noqa: E402
 from torchrun_launch import table_rows  # noqa: E402
 
@@ -65,15 +69,6 @@ def build(config, mesh, padded: bool):
         lambda m, args, out: packed.__setitem__(0, packed[0] + (args[0].shape[0] == 1))
     )
     return model, packed
-
-
-def one_pass(model, batches: list) -> tuple[float, float]:
-    """Wall-clock seconds and this rank's CPU seconds of one pass."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    for batch in batches:
-        model.forward_backward(batch)
-        model.clip_grad_and_step()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def mean_over_ranks(value: float) -> float:
