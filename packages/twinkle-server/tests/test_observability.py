@@ -6,6 +6,7 @@ dashboard page in headless Chromium: test_served_process.py.)"""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +31,17 @@ def samples(http) -> dict[tuple[str, tuple], float]:
     }
 
 
+def settled(http) -> dict[tuple[str, tuple], float]:
+    """The figures once the worker is idle: a call's answer is sent when its result is set,
+    a moment before the worker clears its busy flag, so a scrape right after can see it busy."""
+    deadline = time.monotonic() + 10
+    while (now := samples(http)).get(("twinkle_worker_busy", (("worker", "model"),))) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    return now
+
+
 def test_every_answer_carries_a_request_id_and_errors_name_it(tenants):
     _, alice, _ = tenants
     ok = alice.get("/capacity")
@@ -50,7 +62,7 @@ def test_metrics_count_routes_tokens_per_key_and_slots(tenants):
     run = alice.new_run()
     for _ in range(3):
         alice.ok(run, "forward_backward", inputs=[FEATURE, FEATURE])
-    after = samples(alice.http)
+    after = settled(alice.http)
     alice_id, bob_id = alice.key_id(), bob.key_id()
 
     def grew(name, **labels):
