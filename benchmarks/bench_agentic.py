@@ -8,21 +8,25 @@ GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
    turn (``sampler.sample(trajectories)``), parse with ``template.parse_response``, step
    the envs. Sampled tokens per second, medians of ``--repeats`` alternating runs.
    Target: ratio >= 1.0x.
-2. **Async**: one SFT warm start (``--sft-steps``), then ``--grpo-steps`` GRPO steps from
-   the same weights for max_staleness 0 (synchronous), 1 and 2, held-out success measured
-   every ``--eval-every`` steps (evaluation time excluded). Reported: GRPO wall seconds,
-   seconds to the target success (half of the synchronous run's gain over the warm
-   start; "not reached" when a run stays below it), the
-   trainer's idle fraction (waiting for a batch or for the sampler to finish one before a
-   sync), and the largest staleness trained on.
+2. **Async**: per seed (``--seeds 0,1,2``) one SFT warm start (``--sft-steps``), then
+   ``--grpo-steps`` GRPO steps from the same weights for max_staleness 0 (synchronous), 1
+   and 2, held-out success measured every ``--eval-every`` steps (evaluation time
+   excluded). Reported per seed and as medians over seeds: the curve, GRPO wall seconds,
+   the steps (and seconds) to the target success (half of that seed's synchronous gain
+   over its warm start; "not reached" when a run stays below it), the trainer's idle
+   fraction (waiting for a batch or for the sampler to finish one before a sync), the
+   fraction of tokens the loss clips at a batch's first update, and the ratios to the
+   sampler.
+3. **Decoupled**: GRPOLoss against DecoupledPPOLoss at max_staleness
+   ``--decoupled-staleness`` (2), for each ``--grpo-lr`` and ``--updates-per-batch`` (the
+   optimizer steps per rollout batch, where the proximal policy's trust region acts), with
+   the importance weights. The runs of a seed go in an order rotated by the seed.
 
     .venv/bin/python benchmarks/bench_agentic.py [--repeats 3] [--sft-steps 600]
     .venv/bin/python benchmarks/bench_agentic.py --parts rollout --repeats 5   # 1. only
-    .venv/bin/python benchmarks/bench_agentic.py --parts decoupled   # 3. only
-
-3. **Decoupled** (alone): GRPOLoss against DecoupledPPOLoss from one warm start, both at
-   max_staleness ``--decoupled-staleness`` (2), with held-out success every
-   ``--eval-every`` steps, the range of ratios to the sampler and the importance weights.
+    .venv/bin/python benchmarks/bench_agentic.py --parts async,decoupled --seeds 0,1,2 ...
+    # ... --updates-per-batch 1,4 [--grpo-lr 1e-3,2.5e-4]: parts 2 and 3, every seed in turn
+    # seeds side by side, then one table: --seeds 1 --json s1.json ... --merge s*.json
 
 On this machine the producer is a thread sharing 2 cores with the trainer (and with
 whoever else runs): the async figures measure that, not a cluster where the sampler has
@@ -42,6 +46,7 @@ import socket
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -144,69 +149,159 @@ def bench_rollout(recipe, sampler, repeats: int) -> dict:
     }
 
 
-def bench_async(recipe, args) -> dict:
-    rng = random.Random(0)
+@dataclass(frozen=True)
+class Config:
+    """One GRPO run from a seed's warm start."""
+
+    loss: str
+    staleness: int
+    updates: int
+    lr: float
+
+    @property
+    def name(self) -> str:
+        loss = "GRPO" if self.loss == "GRPOLoss" else "Decoupled"
+        mode = "sync" if self.staleness == 0 else f"k={self.staleness}"
+        return f"{loss} {mode} x{self.updates} lr {self.lr:g}"
+
+
+def configs_for(parts: set[str], args) -> list[Config]:
+    """The async part's k = 0, 1, 2 (GRPOLoss, one update per batch, the first
+    ``--grpo-lr``), and the decoupled part's GRPOLoss against DecoupledPPOLoss at
+    ``--decoupled-staleness`` for each ``--grpo-lr`` and ``--updates-per-batch``; a run both
+    parts need runs once."""
+    configs = []
+    if "async" in parts:
+        configs += [Config("GRPOLoss", k, 1, args.grpo_lr[0]) for k in (0, 1, 2)]
+    if "decoupled" in parts:
+        k = args.decoupled_staleness
+        for lr in args.grpo_lr:
+            for updates in args.updates_per_batch:
+                configs += [
+                    Config(loss, k, updates, lr) for loss in ("GRPOLoss", "DecoupledPPOLoss")
+                ]
+    return list(dict.fromkeys(configs))
+
+
+def bench_seeds(recipe, args, configs: list[Config]) -> dict:
+    """Per seed: one warm start (``--sft-steps``), then every config from its weights, the
+    order rotated per seed so no config always runs first under the same load."""
     train, held_out = arithmetic_tasks("train"), arithmetic_tasks("test")
-    base = recipe.parse_args(["--sft-steps", str(args.sft_steps)])
-    model = recipe.warm_start(base, rng, train)
-    warm = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
-    runs = {}
-    for k in (0, 1, 2):
+    results, model = {}, None
+    for seed in args.seeds:
+        warm_args = recipe.parse_args(["--sft-steps", str(args.sft_steps), "--seed", str(seed)])
+        model = recipe.warm_start(warm_args, random.Random(seed), train)
+        warm = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
+        turn = seed % len(configs)
+        order = configs[turn:] + configs[:turn]
+        runs = {}
+        for config in order:
+            model.model.load_state_dict(warm)
+            run_args = recipe.parse_args(
+                [
+                    "--grpo-steps", str(args.grpo_steps), "--eval-every", str(args.eval_every),
+                    "--max-staleness", str(config.staleness), "--loss", config.loss,
+                    "--updates-per-batch", str(config.updates), "--seed", str(seed),
+                    "--grpo-lr", str(config.lr),
+                ]
+            )  # fmt: skip
+            load = os.getloadavg()[0]
+            run = recipe.run_grpo(model, run_args, random.Random(1000 + seed), train, held_out)
+            runs[config] = {**run, "load": (load + os.getloadavg()[0]) / 2}
+            print(f"seed {seed}, {config.name}: {summary_line(run)}", flush=True)
+        sync = runs.get(Config("GRPOLoss", 0, 1, args.grpo_lr[0]))
+        target = None
+        if sync is not None:  # half of the synchronous run's gain, a level each run can reach
+            target = sync["before"] + 0.5 * max(sync["after"] - sync["before"], 0.0)
+        for run in runs.values():
+            reached = [c for c in run["curve"][1:] if target is not None and c[1] >= target]
+            run["to_target"] = reached[0] if reached else None  # (seconds, success, steps)
+            run["target"] = target
+        results[seed] = {config: runs[config] for config in configs}
         model.model.load_state_dict(warm)
-        run_args = recipe.parse_args(
-            [
-                "--grpo-steps", str(args.grpo_steps),
-                "--eval-every", str(args.eval_every),
-                "--max-staleness", str(k),
-            ]
-        )  # fmt: skip
-        runs[k] = recipe.run_grpo(model, run_args, random.Random(1), train, held_out)
-    # Half of the synchronous run's gain: a level each run can reach inside its steps.
-    sync = runs[0]
-    target = sync["before"] + 0.5 * max(sync["after"] - sync["before"], 0.0)
-    for run in runs.values():
-        reached = [s for s, success in run["curve"][1:] if success >= target]
-        run["seconds_to_target"] = reached[0] if reached else None
-    model.model.load_state_dict(warm)
-    return {"target": target, "runs": runs, "warm_state": warm, "model": model}
+    return {"runs": results, "model": model}
 
 
-def bench_decoupled(recipe, args) -> dict:
-    """GRPOLoss against DecoupledPPOLoss at the largest staleness, from one warm start."""
-    rng = random.Random(0)
-    train, held_out = arithmetic_tasks("train"), arithmetic_tasks("test")
-    model = recipe.warm_start(recipe.parse_args(["--sft-steps", str(args.sft_steps)]), rng, train)
-    warm = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
-    runs = {}
-    for loss in ("GRPOLoss", "DecoupledPPOLoss"):
-        model.model.load_state_dict(warm)
-        run_args = recipe.parse_args(
-            [
-                "--grpo-steps", str(args.grpo_steps), "--eval-every", str(args.eval_every),
-                "--max-staleness", str(args.decoupled_staleness), "--loss", loss,
-            ]
-        )  # fmt: skip
-        runs[loss] = recipe.run_grpo(model, run_args, random.Random(1), train, held_out)
-    return runs
-
-
-def print_decoupled(runs: dict, args) -> None:
-    k = args.decoupled_staleness
-    print(
-        f"| loss, k = {k}, {args.grpo_steps} steps | held-out success by evaluation | GRPO s | "
-        f"ratio to the sampler, min-max over steps | is weight mean, max over steps |"
+def summary_line(run: dict) -> str:
+    curve = " ".join(f"{success:.3f}" for _, success, _ in run["curve"])
+    return (
+        f"held-out {curve}; GRPO {run['grpo_seconds']:.0f} s, idle "
+        f"{run['trainer_idle_fraction']:.0%}, ratio "
+        f"{min(r[0] for r in run['ratio_range']):.2f}-{max(r[1] for r in run['ratio_range']):.2f}"
     )
-    print("| --- | --- | --- | --- | --- |")
-    for loss, run in runs.items():
-        curve = " -> ".join(f"{success:.3f}" for _, success in run["curve"])
-        low = min(r[0] for r in run["ratio_range"])
-        high = max(r[1] for r in run["ratio_range"])
-        weights = run["is_weights"]
-        shown = "-" if not weights else (
-            f"{min(w[0] for w in weights):.3f}-{max(w[0] for w in weights):.3f}, "
-            f"{max(w[1] for w in weights):.2f}"
-        )  # fmt: skip
-        print(f"| {loss} | {curve} | {run['grpo_seconds']:.0f} | {low:.2f}-{high:.2f} | {shown} |")
+
+
+def runs_to_json(runs: dict) -> list:
+    return [
+        {"seed": seed, "config": vars(config), "run": run}
+        for seed, by_config in runs.items()
+        for config, run in by_config.items()
+    ]
+
+
+def merge_runs(paths: list[Path]) -> tuple[dict, list[Config]]:
+    """The runs of several ``--json`` files (say one per seed, run side by side)."""
+    runs: dict = {}
+    for path in paths:
+        for entry in json.loads(path.read_text()):
+            runs.setdefault(entry["seed"], {})[Config(**entry["config"])] = entry["run"]
+    configs = list(dict.fromkeys(c for by_config in runs.values() for c in by_config))
+    return runs, configs
+
+
+def print_runs(runs: dict, configs: list[Config], args) -> None:
+    """Per-seed rows, then the medians over seeds of each config."""
+    print(
+        f"| run ({args.grpo_steps} steps) | seed | held-out success by "
+        "evaluation | GRPO s (load) | steps (s) to target | trainer idle | clipped at 1st "
+        "update, mean | ratio to the sampler, min-max | is weight mean, max |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for config in configs:
+        for seed, by_config in runs.items():
+            run = by_config[config]
+            curve = " -> ".join(f"{success:.3f}" for _, success, _ in run["curve"])
+            hit = run["to_target"]
+            reached = "-" if run["target"] is None else (
+                "not reached" if hit is None else f"{hit[2]} ({hit[0]:.0f})"
+            )  # fmt: skip
+            low = min(r[0] for r in run["ratio_range"])
+            high = max(r[1] for r in run["ratio_range"])
+            weights = run["is_weights"]
+            shown = "-" if not weights else (
+                f"{statistics.mean(w[0] for w in weights):.3f}, {max(w[1] for w in weights):.2f}"
+            )  # fmt: skip
+            print(
+                f"| {config.name} | {seed} | {curve} | {run['grpo_seconds']:.0f} "
+                f"({run['load']:.0f}) | {reached} | {run['trainer_idle_fraction']:.0%} | "
+                f"{statistics.mean(run['clip_fraction']):.3f} | {low:.2f}-{high:.2f} | {shown} |"
+            )
+    print(
+        "\n| run | median before | median final (per seed) | median best | median idle "
+        "| steps to target (per seed) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for config in configs:
+        seeds = [by_config[config] for by_config in runs.values()]
+        finals = ", ".join(f"{run['after']:.3f}" for run in seeds)
+        steps = ", ".join(
+            "-" if run["to_target"] is None else str(run["to_target"][2]) for run in seeds
+        )
+        best = statistics.median(max(c[1] for c in run["curve"][1:]) for run in seeds)
+        print(
+            f"| {config.name} | {statistics.median(run['before'] for run in seeds):.3f} | "
+            f"{statistics.median(run['after'] for run in seeds):.3f} ({finals}) | {best:.3f} | "
+            f"{statistics.median(run['trainer_idle_fraction'] for run in seeds):.0%} | "
+            f"{steps} |"
+        )
+
+
+def int_list(text: str) -> list[int]:
+    return [int(item) for item in text.split(",") if item]
+
+
+def float_list(text: str) -> list[float]:
+    return [float(item) for item in text.split(",") if item]
 
 
 def main() -> None:
@@ -214,68 +309,63 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--grpo-steps", type=int, default=12)
+    parser.add_argument("--grpo-lr", type=float_list, default=[1e-3], help="e.g. 1e-3,3e-4")
     parser.add_argument("--eval-every", type=int, default=3)
+    parser.add_argument("--seeds", type=int_list, default=[0], help="comma-separated, e.g. 0,1,2")
+    parser.add_argument(
+        "--updates-per-batch", type=int_list, default=[1], help="decoupled part, e.g. 1,4"
+    )
     parser.add_argument(
         "--parts", default="rollout,async", help="rollout, async, decoupled (comma-separated)"
     )
     parser.add_argument("--decoupled-staleness", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the GRPO runs' figures there")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", help="print the tables of --json files (seeds run apart)"
+    )
     args, _ = parser.parse_known_args()  # bench-rl passes its arguments to every script
     parts = set(args.parts.split(","))
     if not parts or parts - {"rollout", "async", "decoupled"}:
         parser.error(f"--parts takes rollout, async and decoupled, got {args.parts!r}")
-    recipe = load_recipe()
-    if parts == {"decoupled"}:  # GRPOLoss against DecoupledPPOLoss on stale batches only
-        print(f"\n## Agentic RL, decoupled PPO ({datetime.date.today()}, commit {commit()})\n")
-        print_decoupled(bench_decoupled(recipe, args), args)
+    if not args.seeds or not args.updates_per_batch or min(args.updates_per_batch) < 1:
+        parser.error("--seeds needs a seed and --updates-per-batch counts >= 1, e.g. 0,1,2 and 1,4")
+    if args.merge:
+        print_runs(*merge_runs(args.merge), args)
         return
-
-    if "async" in parts:
-        result = bench_async(recipe, args)
+    recipe = load_recipe()
+    print(
+        f"\n## Agentic RL ({datetime.date.today()}, {socket.gethostname()}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"commit {commit()}, seeds {args.seeds})\n",
+        flush=True,
+    )
+    configs = configs_for(parts, args)
+    model = None
+    if configs:
+        result = bench_seeds(recipe, args, configs)
         model = result["model"]
-    else:  # the same warm start as the async part's, without its GRPO runs
+        print()
+        print_runs(result["runs"], configs, args)
+        if args.json:
+            args.json.write_text(json.dumps(runs_to_json(result["runs"]), default=str))
+    if "rollout" not in parts:
+        return
+    if model is None:  # the same warm start as the GRPO parts' first seed
         base = recipe.parse_args(["--sft-steps", str(args.sft_steps)])
-        model = recipe.warm_start(base, random.Random(0), arithmetic_tasks("train"))
+        model = recipe.warm_start(base, random.Random(args.seeds[0]), arithmetic_tasks("train"))
     sampler = TorchSampler(model_id="bundled://tiny-qwen3")
     sampler.set_template("Qwen3_5Template")
     CheckpointEngineManager(model=model, sampler=sampler).sync_weights()
     rollout = bench_rollout(recipe, sampler, args.repeats)
-
     print(
-        f"\n## Agentic RL ({datetime.date.today()}, {socket.gethostname()}, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"commit {commit()})\n"
-    )
-    print(
-        "| rollout (warm-started tiny model, 24 tasks x 4, <= 3 turns) | sampled tokens/s | "
+        "\n| rollout (warm-started tiny model, 24 tasks x 4, <= 3 turns) | sampled tokens/s | "
         "per CPU second |"
     )
     print("| --- | --- | --- |")
     for name in ("MultiTurnRollout", "hand-written"):
         print(f"| {name} | {rollout[name]:.0f} | {rollout['cpu'][name]:.0f} |")
-    print(f"| ratio | {rollout['ratio']:.2f}x | {rollout['cpu_ratio']:.2f}x |\n")
-    if "async" not in parts:
-        print("\n" + json.dumps({"rollout": rollout}))
-        return
-    print(
-        f"| GRPO, {args.grpo_steps} steps | held-out success before -> after | GRPO s | "
-        f"s to {result['target']:.3f} | ratio to sync | trainer idle | max staleness |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    sync_time = result["runs"][0]["seconds_to_target"]
-    for k, run in result["runs"].items():
-        name = "sync (k = 0)" if k == 0 else f"async k = {k}"
-        to_target = run["seconds_to_target"]
-        reached = "not reached" if to_target is None else f"{to_target:.0f}"
-        ratio = "-" if to_target is None or not sync_time else f"{to_target / sync_time:.2f}x"
-        print(
-            f"| {name} | {run['before']:.3f} -> {run['after']:.3f} | {run['grpo_seconds']:.0f} | "
-            f"{reached} | {ratio} | {run['trainer_idle_fraction']:.0%} | "
-            f"{max(run['staleness'])} |"
-        )
-    summary = {
-        k: {n: v for n, v in run.items() if n != "curve"} for k, run in result["runs"].items()
-    }
-    print("\n" + json.dumps({"rollout": rollout, "async": summary}, default=str))
+    print(f"| ratio | {rollout['ratio']:.2f}x | {rollout['cpu_ratio']:.2f}x |")
+    print("\n" + json.dumps({"rollout": rollout}))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ r"""Agentic GRPO on CPU: a tiny model learns to use a calculator tool over sever
     python cookbook/agentic/grpo_calculator.py                      # synchronous
     python cookbook/agentic/grpo_calculator.py --max-staleness 1    # the same run, async
     python cookbook/agentic/grpo_calculator.py --max-staleness 1 --loss DecoupledPPOLoss
+    python cookbook/agentic/grpo_calculator.py --max-staleness 2 --updates-per-batch 4
     python cookbook/agentic/grpo_calculator.py --backend megatron   # MegatronModel trains
 
 The task is twinkle.env's bundled one: "7 * 12 = ?" for operands 2..12, with a
@@ -24,7 +25,10 @@ on held-out products it succeeds only through the tool.
    stale sampler (the behaviour policy, ``old_logps``) apart from the trainer's weights
    before the update (the proximal policy, ``model.policy_logps``): the clip is centred on
    the trainer's policy and the staleness is corrected by a truncated importance weight
-   (``policy/is_weight_mean``, ``is_truncated_fraction``).
+   (``policy/is_weight_mean``, ``is_truncated_fraction``). ``--updates-per-batch n`` takes
+   n optimizer steps on each batch (PPO epochs) before the weights sync; the proximal
+   logps are taken once, before the first, so the later steps are clipped against the
+   policy the batch started from.
 
 Honest about what it shows: RL mostly selects a behaviour the warm start has (calling the
 tool), and sharpens the copying the tool loop needs; held-out success is the mean reward of
@@ -69,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks-per-step", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--max-staleness", type=int, default=0)
+    parser.add_argument(
+        "--updates-per-batch",
+        type=int,
+        default=1,
+        help="optimizer steps on each rollout batch (PPO epochs); the weights sync after the last",
+    )
     parser.add_argument("--loss", choices=("GRPOLoss", "DecoupledPPOLoss"), default="GRPOLoss")
     parser.add_argument("--turn-tokens", type=int, default=64, help="a tool call takes ~50")
     parser.add_argument("--eval-samples", type=int, default=4, help="per held-out task")
@@ -80,7 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="transformers",
         help="megatron: MegatronModel (its CPU mode without a GPU), synced through a folder",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.updates_per_batch < 1:
+        parser.error(f"--updates-per-batch must be >= 1, got {args.updates_per_batch}")
+    return args
 
 
 def sft_row(task: dict, rng: random.Random) -> dict:
@@ -160,7 +173,8 @@ def run_grpo(
     def sync_weights() -> None:
         ckpt_manager.sync_weights(merge_and_sync=True)
 
-    curve, eval_s, staleness, ratios, weights = [(0.0, before)], 0.0, [], [], []
+    curve, eval_s, staleness, ratios, weights = [(0.0, before, 0)], 0.0, [], [], []
+    clipped = []
     start = time.perf_counter()
     steps, k = args.grpo_steps, args.max_staleness
     with AsyncRollouts(produce, sync_weights, k, num_batches=steps) as rollouts:
@@ -170,19 +184,26 @@ def run_grpo(
             rewards = [t.reward for t in trajectories]
             advantages = advantage_fn(rewards, num_generations=args.num_generations, scale="group")
             features = [t.input_feature() for t in trajectories]
-            # Decoupled PPO: the proximal policy is the trainer's, just before this update.
+            # Decoupled PPO: the proximal policy is the trainer's before this batch's first
+            # update, and stays so for its later ones (their trust region is centred on it).
             extra = {"prox_logps": model.policy_logps(features)} if decoupled else {}
-            model.forward_backward(
-                inputs=features,
-                old_logps=[t.sampled_logprobs() for t in trajectories],
-                advantages=advantages.tolist(),
-                **extra,
-            )
-            model.clip_grad_and_step()
+            low, high = float("inf"), 0.0
+            for update in range(args.updates_per_batch):
+                model.forward_backward(
+                    inputs=features,
+                    old_logps=[t.sampled_logprobs() for t in trajectories],
+                    advantages=advantages.tolist(),
+                    **extra,
+                )
+                model.clip_grad_and_step()
+                metrics = model.calculate_metric(is_training=True)
+                low = min(low, metrics["policy/ratio_min"])
+                high = max(high, metrics["policy/ratio_max"])
+                if update == 0:  # the tokens the loss clips (or truncates) before it moves
+                    clipped.append(metrics["policy/clip_fraction"])
             rollouts.publish()
             staleness.append(batch.staleness)
-            metrics = model.calculate_metric(is_training=True)
-            ratios.append((metrics["policy/ratio_min"], metrics["policy/ratio_max"]))
+            ratios.append((low, high))  # to the sampler, over the batch's updates
             if decoupled:
                 weights.append((metrics["policy/is_weight_mean"], metrics["policy/is_weight_max"]))
             shown = {
@@ -199,10 +220,10 @@ def run_grpo(
                     paused = time.perf_counter()
                     success = held_out_success(sampler, held_out, args)
                     eval_s += time.perf_counter() - paused
-                curve.append((time.perf_counter() - start - eval_s, success))
+                curve.append((time.perf_counter() - start - eval_s, success, step + 1))
     grpo_s = time.perf_counter() - start - eval_s
     after = held_out_success(sampler, held_out, args)
-    curve.append((grpo_s, after))
+    curve.append((grpo_s, after, steps))
     logger.info(f"held-out success after GRPO: {after:.3f} (curve {curve})")
     return {
         "before": before,
@@ -211,8 +232,9 @@ def run_grpo(
         "trainer_idle_fraction": rollouts.trainer_wait_s / max(grpo_s, 1e-9),
         "staleness": staleness,
         "ratio_range": ratios,
+        "clip_fraction": clipped,  # per step, at its first update
         "is_weights": weights,  # DecoupledPPOLoss: (mean, max) per step
-        "curve": curve,
+        "curve": curve,  # (GRPO seconds, held-out success, steps done)
         "dropped": rollouts.dropped,
     }
 

@@ -6,6 +6,8 @@ docstring and in benchmarks/RESULTS.md; here the run's bookkeeping is checked.""
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 RECIPE = Path(__file__).resolve().parents[3] / "cookbook" / "agentic" / "grpo_calculator.py"
 
 
@@ -52,3 +54,34 @@ def test_decoupled_ppo_weighs_batches_by_the_trainer_s_policy_before_the_update(
         assert abs(top - min(ratio_max, 5.0)) < 1e-3 * top
         if staleness == 0:
             assert abs(mean - 1) < 1e-3 and abs(top - 1) < 1e-3
+
+
+def test_several_updates_per_batch_keep_one_proximal_policy_per_batch():
+    """``--updates-per-batch 2``: two optimizer steps on each rollout batch, one weight sync
+    after them, and DecoupledPPOLoss's proximal logps taken once, before the first (the
+    later update's trust region stays centred on the policy before the batch)."""
+    import random
+
+    from twinkle.env import arithmetic_tasks
+
+    recipe = load_recipe()
+    argv = ["--sft-steps", "10", "--grpo-steps", "3", "--tasks-per-step", "2"]
+    argv += ["--num-generations", "2", "--eval-samples", "1", "--loss", "DecoupledPPOLoss"]
+    args = recipe.parse_args([*argv, "--updates-per-batch", "2", "--max-staleness", "1"])
+    train, held_out = arithmetic_tasks("train"), arithmetic_tasks("test")[:2]
+    model = recipe.warm_start(args, random.Random(0), train)
+    calls = {"policy_logps": 0, "clip_grad_and_step": 0}
+    for name in calls:
+        method = getattr(model, name)
+
+        def counted(*a, _method=method, _name=name, **kw):
+            calls[_name] += 1
+            return _method(*a, **kw)
+
+        setattr(model, name, counted)
+    result = recipe.run_grpo(model, args, random.Random(1), train, held_out)
+    assert calls == {"policy_logps": 3, "clip_grad_and_step": 6}
+    assert len(result["ratio_range"]) == len(result["clip_fraction"]) == 3
+    assert set(result["staleness"]) <= {0, 1} and result["dropped"] == 0
+    with pytest.raises(SystemExit):
+        recipe.parse_args(["--updates-per-batch", "0"])
