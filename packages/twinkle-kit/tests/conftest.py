@@ -12,6 +12,7 @@ Fixtures:
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,10 +29,22 @@ import yaml
 HOST = "127.0.0.1"
 
 
+# Below Linux's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999): a
+# port the kernel handed out would be free only until one of Ray's processes, started
+# between our check and the server's bind, was handed it too (seen: Serve's proxy failed to
+# bind its port in test_ray_mode).
+QUIET_PORTS = range(20000, 32768)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    for port in random.sample(QUIET_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {QUIET_PORTS} on {HOST}")
 
 
 class ServerProcess:
