@@ -1,11 +1,13 @@
 """Pipeline parallel: the decoder's layers split into stages over the ranks of ``pp``.
 
     torchrun --nproc_per_node=2 cookbook/torchrun/pp.py   # pp=2
-    torchrun --nproc_per_node=4 cookbook/torchrun/pp.py   # pp=2 × dp=2 (FSDP2 per stage)
+    torchrun --nproc_per_node=4 cookbook/torchrun/pp.py   # pp=2 × tp=2
+    torchrun --nproc_per_node=8 cookbook/torchrun/pp.py   # pp=2 × tp=2 × dp=2
 
-The documents write ``DeviceMesh.from_sizes(pp_size=2, tp_size=2, dp_size=2)``;
-TransformersModel's pipeline parallel combines with dp and fsdp but not yet with tp, so here
-``pp_size=2`` and dp takes the rest of the processes. The first stage holds the embedding and
+The documents' mesh, ``DeviceMesh.from_sizes(pp_size=2, tp_size=2, dp_size=2)``, sized to the
+processes: ``pp_size=2``, ``tp_size=2`` where four or more processes run (each stage's layers
+split over two ranks by the family's tensor-parallel plan), dp the rest (FSDP2 per stage).
+The first stage holds the embedding and
 the first layer of the bundled tiny model, the last one the second layer, the norm and the
 head; each batch runs through them in micro-batches of 2 rows with the 1F1B schedule. The
 loop is the single-device one. ``TWINKLE_MAX_STEPS`` stops it early; the adapter is saved
@@ -27,11 +29,13 @@ from twinkle.preprocessor import SelfCognitionProcessor
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 MAX_STEPS = int(os.environ.get("TWINKLE_MAX_STEPS", "0")) or None
 PP_SIZE = 2
+TP_SIZE = 2 if WORLD_SIZE % 4 == 0 else 1
 
 device_mesh = DeviceMesh.from_sizes(
     world_size=WORLD_SIZE,
     pp_size=PP_SIZE,
-    dp_size=WORLD_SIZE // PP_SIZE,
+    tp_size=TP_SIZE,
+    dp_size=WORLD_SIZE // (PP_SIZE * TP_SIZE),
     device_type=Platform.detect_device_type(),
 )
 twinkle.initialize(mode="local", global_device_mesh=device_mesh)

@@ -26,16 +26,19 @@ def test_a_mesh_sized_for_more_processes_than_run_is_refused_with_the_launch_com
 @pytest.mark.parametrize(
     ("sizes", "named"),
     [
-        ({"pp_size": 2, "tp_size": 2}, "tp_size"),
         ({"pp_size": 2, "dp_size": 2, "ulysses_size": 2}, "ulysses_size"),
         ({"pp_size": 2, "dp_size": 2, "ep_size": 2}, "ep_size"),
+        ({"pp_size": 2, "tp_size": 2, "dp_size": 2, "ep_size": 2}, "ep_size"),
     ],
 )
-def test_pipeline_parallel_with_tp_ulysses_or_ep_is_refused(sizes, named):
-    """Pipeline parallel runs on TransformersModel over dp and fsdp (test_pipeline_parallel);
-    with the other dimensions not yet."""
+def test_pipeline_parallel_with_ulysses_or_ep_is_refused(sizes, named):
+    """Pipeline parallel runs on TransformersModel over dp, fsdp and tp
+    (test_pipeline_parallel); with the sequence or expert dimensions not yet."""
+    documents = DeviceMesh.from_sizes(pp_size=2, tp_size=2, dp_size=2, device_type="cpu")
+    with pytest.raises(ValueError, match="world_size 8 .* torch.distributed is not started"):
+        check_mesh(documents)  # past the dimensions: refused only for the processes
     with pytest.raises(
-        ValueError, match=f"pipeline parallel combines with dp and fsdp, not with {named}"
+        ValueError, match=f"pipeline parallel combines with dp, fsdp and tp, not with {named}"
     ):
         check_mesh(DeviceMesh.from_sizes(**sizes, device_type="cpu"))
 

@@ -3,6 +3,8 @@ same functions run in one process.
 
     torchrun --nproc_per_node=2 pipeline_train.py pp OUT     # pp=2 (+ vpp, checkpoints)
     torchrun --nproc_per_node=4 pipeline_train.py pp_dp OUT  # pp=2 x dp=2 (FSDP2 per stage)
+    torchrun --nproc_per_node=4 pipeline_train.py pp_tp OUT  # pp=2 x tp=2 (+ checkpoints)
+    torchrun --nproc_per_node=8 pipeline_train.py pp_tp_dp OUT  # the documents' mesh
 
 Every case reads parallel_train's global batches (uneven token counts across data ranks).
 Rank 0 writes OUT/<case>.pt: losses, metrics and the whole model's trainable weights,
@@ -25,13 +27,19 @@ import twinkle
 from twinkle import DeviceMesh
 from twinkle.hub import resolve_model
 from twinkle.model import TransformersModel
+from twinkle.model.checkpoint import CheckpointError
 from twinkle.model.transformers.strategy.pipeline import PipelineConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from parallel_train import MAX_GRAD_NORM, MODEL_ID, global_batches, my_share  # noqa: E402
 
 STEPS = 3
-MESHES = {"pp": {"pp_size": 2}, "pp_dp": {"pp_size": 2, "dp_size": 2}}
+MESHES = {
+    "pp": {"pp_size": 2},
+    "pp_dp": {"pp_size": 2, "dp_size": 2},
+    "pp_tp": {"pp_size": 2, "tp_size": 2},
+    "pp_tp_dp": {"pp_size": 2, "tp_size": 2, "dp_size": 2},
+}
 
 
 def four_layers():
@@ -147,6 +155,22 @@ def resume(mesh: DeviceMesh, out: Path) -> dict:
     }
 
 
+def on_another_mesh(path: str, weights_step1: dict) -> dict:
+    """A pp=2 × tp=2 checkpoint resumed on pp=2 × dp=2 (as many ranks): the optimizer's
+    shards do not fit, the gathered weights load."""
+    other = build("lora", DeviceMesh.from_sizes(pp_size=2, dp_size=2, device_type="cpu"))
+    try:
+        other.resume_from_checkpoint(path)
+        refusal = None
+    except CheckpointError as error:
+        refusal = str(error)
+    other.resume_from_checkpoint(path, resume_only_model=True)
+    loaded = weights(other)
+    diff = max((float((loaded[k] - v).abs().max()) for k, v in weights_step1.items()), default=0)
+    same_keys = loaded.keys() == weights_step1.keys()
+    return {"refusal": refusal, "weights_diff": diff if same_keys else None}
+
+
 def bad_calls(mesh: DeviceMesh) -> dict[str, str]:
     """The messages of the calls a pipelined model refuses (before any collective)."""
     model = build("full", mesh, "Interleaved1F1B", four_layers())
@@ -175,6 +199,10 @@ def main(case: str, out: Path) -> None:
         result["vpp"] = train("full", vpp, "Interleaved1F1B", four_layers())
         result["errors"] = bad_calls(vpp)
         result["resume"] = resume(mesh, out)
+    if case == "pp_tp":
+        result["resume"] = resume(mesh, out)
+        resumed = result["resume"]
+        result["other_mesh"] = on_another_mesh(resumed["adapter_path"], resumed["weights_step1"])
     if dist.get_rank() == 0:
         torch.save(result, out / f"{case}.pt")
     # NOTE: gloo's teardown can abort a rank whose peer closed the sockets first (see

@@ -90,7 +90,8 @@ class CheckpointRecord:
     ``optimizer`` and ``lr_scheduler`` are the class names whose state_dicts the
     folder holds, None when it holds none. ``optimizer_ranks`` is the number of ranks
     an optimizer state sharded by FSDP was saved from (in ``optimizer/``); None when
-    it is one ``optimizer.pt``.
+    it is one ``optimizer.pt``. ``optimizer_mesh`` names the mesh those ranks formed
+    (``pp=2 × tp=2``): the shards follow its layout, so a resume needs the same mesh.
     """
 
     kind: str
@@ -103,6 +104,7 @@ class CheckpointRecord:
     optimizer: str | None = None
     lr_scheduler: str | None = None
     optimizer_ranks: int | None = None
+    optimizer_mesh: str | None = None
     model_id: str | None = None
     versions: dict[str, str | None] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION

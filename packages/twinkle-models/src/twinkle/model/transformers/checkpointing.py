@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from twinkle.infra import WirePolicy, remote_function
+from twinkle.mesh import DeviceMesh
 from twinkle.model.checkpoint import (
     OPTIMIZER_DIR,
     OPTIMIZER_FILE,
@@ -70,6 +71,16 @@ from twinkle.utils import get_logger
 logger = get_logger()
 UNIT_RNG = "unit"  # in the RNG file: the unit's own generators (TrainState.random_stream)
 SHARDED = "sharded"  # the optimizer state lives in optimizer/, read by torch.distributed.checkpoint
+
+
+def mesh_label(mesh: DeviceMesh | None) -> str:
+    """The mesh's sizes above 1, as a checkpoint records them (``pp=2 × tp=2``), so a resume
+    on another layout can name both."""
+    if mesh is None:
+        return "one process"
+    sizes = [(d, mesh.size(d)) for d in mesh.dim_names()] + [("vpp", mesh.vpp_size or 1)]
+    label = " × ".join(f"{d}={n}" for d, n in sizes if n > 1)
+    return label or "one process"
 
 
 class CheckpointingMixin:
@@ -149,6 +160,7 @@ class CheckpointingMixin:
                         self.model, state.optimizer, folder / OPTIMIZER_DIR, plan.optimizer_key
                     )
                     record.optimizer_ranks = dist.get_world_size()
+                    record.optimizer_mesh = mesh_label(self.device_mesh)
                 elif writer:
                     torch.save(state.optimizer.state_dict(), folder / OPTIMIZER_FILE)
                 if state.lr_scheduler is not None:
@@ -319,6 +331,14 @@ class CheckpointingMixin:
         rng = load_state_dict(own_rng if own_rng.is_file() else folder / RNG_FILE)
         saved = {"rng": rng, "optimizer": None, "scheduler": None}
         sharded = self._sharded_checkpoint()
+        here = mesh_label(self.device_mesh if self._distributed_plan() is not None else None)
+        if record.optimizer is not None and record.optimizer_mesh not in (None, here):
+            raise CheckpointError(
+                f"{folder} holds optimizer state sharded on the mesh {record.optimizer_mesh}, "
+                f"and this run's mesh is {here}: the optimizer's shards follow "
+                f"the mesh they were saved on; resume on {record.optimizer_mesh}, or pass "
+                f"resume_only_model=True to restore the weights alone (they load on any mesh)"
+            )
         if record.optimizer is not None and (record.optimizer_ranks is not None or sharded):
             ranks = dist.get_world_size() if sharded else 1
             if record.optimizer_ranks != ranks:

@@ -255,12 +255,13 @@ def check_mesh(device_mesh: DeviceMesh) -> None:
             "them, or use MegatronModel"
         )
     if device_mesh.size("pp") > 1:
-        others = [n for n in ("tp", "ulysses", "ep") if device_mesh.size(n) > 1]
+        others = [n for n in ("ulysses", "ep") if device_mesh.size(n) > 1]
         if others:
             raise ValueError(
-                f"TransformersModel's pipeline parallel combines with dp and fsdp, not with "
-                f"{', '.join(f'{n}_size' for n in others)} yet; use MegatronModel for pp with "
-                "tensor, sequence or expert parallel, or drop pp_size"
+                f"TransformersModel's pipeline parallel combines with dp, fsdp and tp, not with "
+                f"{', '.join(f'{n}_size' for n in others)} yet: split the model over tp_size "
+                "instead of the sequence or the experts, drop pp_size (Ulysses and expert "
+                "parallel run without it), or use MegatronModel for pp with them"
             )
     if device_mesh.size("etp") > 1:
         raise ValueError(
@@ -385,12 +386,18 @@ def _pipelined(
     precision: str,
     gradient_checkpointing: bool,
 ) -> ParallelPlan:
-    """Pipeline stages over ``pp``, each sharded by FSDP2 over dp × fsdp."""
+    """Pipeline stages over ``pp``, each split over tp and sharded by FSDP2 over dp × fsdp."""
     _enable_activation_checkpointing(model, gradient_checkpointing)
     device = next(model.parameters()).device
     stages = PipelinePlan(model, device_mesh, pipeline, device, precision)
     stages.build()
-    return ParallelPlan(model, "pp", group=dist.group.WORLD, pipeline=stages)
+    return ParallelPlan(
+        model,
+        "pp",
+        group=dist.group.WORLD,
+        tensor_parallel=stages.tensor_parallel,
+        pipeline=stages,
+    )
 
 
 def _data_group(device_mesh: DeviceMesh) -> dist.ProcessGroup:

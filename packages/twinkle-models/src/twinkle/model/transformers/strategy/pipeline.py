@@ -3,13 +3,16 @@
 The decoder's layers are split into ``pp × vpp`` stages (``pipeline_split``), each rank keeps
 the modules of its own stages (``pipeline_stage``) and torch's schedules run the micro-batches
 through them: GPipe or 1F1B with one stage per rank, interleaved 1F1B with ``vpp_size``
-stages per rank. FSDP2 (HSDP with dp × fsdp) shards each stage over the ranks that hold the
-same stage.
+stages per rank. With ``tp_size`` each stage's layers split over its tp ranks by the family's
+tensor-parallel plan (DTensors on the stage's tp sub-mesh; every tp rank of a stage runs the
+same micro-batches, sends whole hidden states to the same tp rank of the next stage); then
+FSDP2 (HSDP with dp × fsdp) shards each stage over the ranks that hold the same stage and tp
+coordinate.
 
 The losses are the ones one process computes: the last stage scores each micro-batch's
 logits with the unit's loss (a SUM over its tokens, so the schedule does not scale the
-gradients) and counts its tokens, and the step divides by the global batch's token count as
-every other strategy does. Only the last stage has outputs (``collect='rows'`` and
+gradients) and its first tp rank counts its tokens, and the step divides by the global batch's
+token count as every other strategy does. Only the last stage has outputs (``collect='rows'`` and
 ``'last_pp'`` read it); the loss and token count of a call reach every stage.
 """
 
@@ -34,6 +37,10 @@ from twinkle.model.transformers.strategy.fsdp import mixed_precision_policy
 from twinkle.model.transformers.strategy.grads import clip_grad_norm, global_grad_norm
 from twinkle.model.transformers.strategy.pipeline_split import stage_layers
 from twinkle.model.transformers.strategy.pipeline_stage import DecoderChunk, build_chunks
+from twinkle.model.transformers.strategy.tensor_parallel import (
+    TensorParallel,
+    apply_tensor_parallel,
+)
 
 SINGLE = {"GPipe": schedules.ScheduleGPipe, "1F1B": schedules.Schedule1F1B}
 MULTI = {"Interleaved1F1B": schedules.ScheduleInterleaved1F1B}
@@ -109,14 +116,16 @@ class PipelinePlan:
         coords = device_mesh.coords()
         self.pp_rank = coords["pp"]
         self.is_last = self.pp_rank == self.pp - 1
-        # The rank per data slice that scores the batch and counts its tokens.
-        self.reports = self.is_last
+        # The rank per data slice that counts the batch's tokens: the last stage scores it on
+        # every tp rank, the first of them counts.
+        self.reports = self.is_last and coords.get("tp", 0) == 0
         self.data_ranks = device_mesh.size("dp") * device_mesh.size("fsdp")
         self.schedule_name = pipeline.schedule or ("Interleaved1F1B" if self.multi else "1F1B")
         self.chunks: list[DecoderChunk] = []
         self.tied: nn.Parameter | None = None
         self.tied_keys: tuple[str, str] | None = None
         self.tied_group: dist.ProcessGroup | None = None
+        self.tensor_parallel: TensorParallel | None = None
         self.pp_group: dist.ProcessGroup | None = None
         self._runner: tuple[Any, Any] | None = None
         self._loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None
@@ -129,7 +138,8 @@ class PipelinePlan:
     # ---- building ------------------------------------------------------------------------
 
     def build(self) -> None:
-        """Prune the model to this rank's stages and shard them with FSDP2."""
+        """Prune the model to this rank's stages, split their layers over tp and shard them
+        with FSDP2."""
         base = _hf_model(self.model)
         family = family_of(base.config)
         layout = family.pipeline
@@ -156,11 +166,14 @@ class PipelinePlan:
         self.pp_group = self.mesh.to_torch()["pp"].get_group()
         if tied:
             self._tie(base, layout)
+        if self.mesh.size("tp") > 1:  # only this stage's layers are left to split
+            self.tensor_parallel = apply_tensor_parallel(self.model, self.mesh.to_torch()["tp"])
         self._shard()
 
     def _tie(self, base: nn.Module, layout: Any) -> None:
         """The groups pairing each first-stage rank with the last-stage rank of the same data
-        coordinates; every rank creates every group, as ``new_group`` requires."""
+        and tp coordinates (the embedding is whole on every tp rank); every rank creates every
+        group, as ``new_group`` requires."""
         for ranks in self.mesh.group_ranks("pp"):
             pair = [ranks[0], ranks[-1]]
             group = dist.new_group(pair)
@@ -172,7 +185,8 @@ class PipelinePlan:
             self.tied = getattr(base, layout.head).weight
 
     def _shard(self) -> None:
-        """FSDP2 over the ranks holding the same stages: each layer, then each chunk."""
+        """FSDP2 over the ranks holding the same stages (and tp shards): each layer, then
+        each chunk."""
         if self.data_ranks == 1:
             return
         torch_mesh = self.mesh.to_torch()
