@@ -221,7 +221,7 @@ def chatml(default_system, reasoning_format):
         pieces = []
         system = messages[0]["content"] if messages[0]["role"] == "system" else default_system
         if tools:
-            raise AssertionError("tool headers are checked in test_tool_headers")
+            raise AssertionError("tools are checked by test_tool_calls_render_and_parse_back")
         if system is not None:
             pieces.append((f"<|im_start|>system\n{system}<|im_end|>\n", False))
         last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
