@@ -91,7 +91,8 @@ class CheckpointRecord:
     folder holds, None when it holds none. ``optimizer_ranks`` is the number of ranks
     an optimizer state sharded by FSDP was saved from (in ``optimizer/``); None when
     it is one ``optimizer.pt``. ``optimizer_mesh`` names the mesh those ranks formed
-    (``pp=2 × tp=2``): the shards follow its layout, so a resume needs the same mesh.
+    (``pp=2 × tp=2``): under pipeline parallel the shards follow the stages, so a
+    resume there needs the same mesh.
     """
 
     kind: str

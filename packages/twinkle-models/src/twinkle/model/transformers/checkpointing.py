@@ -332,11 +332,15 @@ class CheckpointingMixin:
         saved = {"rng": rng, "optimizer": None, "scheduler": None}
         sharded = self._sharded_checkpoint()
         here = mesh_label(self.device_mesh if self._distributed_plan() is not None else None)
-        if record.optimizer is not None and record.optimizer_mesh not in (None, here):
+        saved_mesh = record.optimizer_mesh
+        # Pipeline stages save their own parameter groups, so their shards fit only the same
+        # stages on the same split; other layouts are checked tensor by tensor below.
+        staged = saved_mesh is not None and "pp=" in f"{saved_mesh} {here}"
+        if record.optimizer is not None and staged and saved_mesh != here:
             raise CheckpointError(
-                f"{folder} holds optimizer state sharded on the mesh {record.optimizer_mesh}, "
-                f"and this run's mesh is {here}: the optimizer's shards follow "
-                f"the mesh they were saved on; resume on {record.optimizer_mesh}, or pass "
+                f"{folder} holds optimizer state sharded on the mesh {saved_mesh}, "
+                f"and this run's mesh is {here}: under pipeline parallel the optimizer's "
+                f"shards follow the mesh they were saved on; resume on {saved_mesh}, or pass "
                 f"resume_only_model=True to restore the weights alone (they load on any mesh)"
             )
         if record.optimizer is not None and (record.optimizer_ranks is not None or sharded):
