@@ -187,13 +187,11 @@ def run_grpo(
             # Decoupled PPO: the proximal policy is the trainer's before this batch's first
             # update, and stays so for its later ones (their trust region is centred on it).
             extra = {"prox_logps": model.policy_logps(features)} if decoupled else {}
+            old_logps, per_row = [t.sampled_logprobs() for t in trajectories], advantages.tolist()
             low, high = float("inf"), 0.0
             for update in range(args.updates_per_batch):
                 model.forward_backward(
-                    inputs=features,
-                    old_logps=[t.sampled_logprobs() for t in trajectories],
-                    advantages=advantages.tolist(),
-                    **extra,
+                    inputs=features, old_logps=old_logps, advantages=per_row, **extra
                 )
                 model.clip_grad_and_step()
                 metrics = model.calculate_metric(is_training=True)
