@@ -76,3 +76,33 @@ def torchrun() -> Callable[..., subprocess.CompletedProcess]:
 def child_env() -> Callable[..., dict[str, str]]:
     """``child_env(**extra)``: the environment of a child process (see subprocess_env)."""
     return subprocess_env
+
+
+@pytest.fixture(scope="module")
+def launch_per_size(tmp_path_factory) -> Callable[..., Callable[[str], Path]]:
+    """``launch_per_size(script, processes, timeout=900)`` gives ``folder_of(case)``: the
+    folder where one torchrun launch, of ``processes[case]`` ranks, wrote the results of
+    ``script OUT case ...`` for every case of that size. Cases share a launch because its
+    imports cost about as much as a case; a failed launch fails its first case's test and
+    names it in the others."""
+
+    def launcher(
+        script: Path, processes: dict[str, int], timeout: float = 900
+    ) -> Callable[[str], Path]:
+        folders: dict[int, Path | None] = {}
+
+        def folder_of(case: str) -> Path:
+            procs = processes[case]
+            if procs not in folders:
+                folders[procs] = None
+                out = tmp_path_factory.mktemp(f"{Path(script).stem}{procs}")
+                cases = [c for c, n in processes.items() if n == procs]
+                run_torchrun(script, out, *cases, procs=procs, timeout=timeout)
+                folders[procs] = out
+            if folders[procs] is None:
+                pytest.fail(f"the {procs}-process launch of {Path(script).name} failed earlier")
+            return folders[procs]
+
+        return folder_of
+
+    return launcher

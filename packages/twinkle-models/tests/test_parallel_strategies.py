@@ -32,11 +32,9 @@ def load_script():
     return module
 
 
-def launch(torchrun, strategy: str, out: Path) -> dict:
-    torchrun(SCRIPT, strategy, out, procs=PROCESSES[strategy], timeout=400)
-    result = torch.load(out / f"{strategy}.pt", weights_only=False)
-    result["errors"] = json.loads((out / f"{strategy}.json").read_text())
-    return result
+@pytest.fixture(scope="module")
+def folder_of(launch_per_size):
+    return launch_per_size(SCRIPT, PROCESSES)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +59,10 @@ def assert_close_tensors(got: dict, expected: dict, *, atol: float = 0, relative
 
 
 @pytest.mark.parametrize("strategy", list(PROCESSES))
-def test_strategy_trains_like_one_process(strategy, reference, tmp_path, torchrun):
-    result = launch(torchrun, strategy, tmp_path)
+def test_strategy_trains_like_one_process(strategy, reference, folder_of):
+    folder = folder_of(strategy)
+    result = torch.load(folder / f"{strategy}.pt", weights_only=False)
+    result["errors"] = json.loads((folder / f"{strategy}.json").read_text())
     for kind in ("lora", "full"):
         got, expected = result[kind], reference[kind]
         assert got["losses"] == pytest.approx(expected["losses"], rel=1e-6), kind

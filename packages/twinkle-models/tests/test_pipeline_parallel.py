@@ -79,10 +79,14 @@ def check_run(
         assert got["tied_diff"] == 0
 
 
+@pytest.fixture(scope="module")
+def folder_of(launch_per_size):
+    return launch_per_size(SCRIPT, PROCESSES)
+
+
 @pytest.mark.parametrize("case", list(PROCESSES))
-def test_pipeline_trains_like_one_process(case, reference, tmp_path, torchrun):
-    torchrun(SCRIPT, case, tmp_path, procs=PROCESSES[case], timeout=600)
-    result = torch.load(tmp_path / f"{case}.pt", weights_only=False)
+def test_pipeline_trains_like_one_process(case, reference, folder_of):
+    result = torch.load(folder_of(case) / f"{case}.pt", weights_only=False)
     for kind in ("lora", "full"):
         check_run(result[kind], reference[kind], **(TP_BOUNDS if "tp" in case else {}))
     if case == "pp":

@@ -1,11 +1,11 @@
-"""Train the bundled tiny model under one strategy; test_parallel_strategies compares the result
-with a single-process run of the same functions.
+"""Train the bundled tiny model under each strategy named; test_parallel_strategies compares the
+results with a single-process run of the same functions. One launch runs every strategy of
+its size, as a launch's imports cost more than a case:
 
-    torchrun --nproc_per_node=2 parallel_train.py ddp OUT     # dp=2
-    torchrun --nproc_per_node=2 parallel_train.py fsdp OUT    # fsdp=2 (+ checkpoint resume)
-    torchrun --nproc_per_node=4 parallel_train.py hsdp OUT    # dp=2 x fsdp=2
-    torchrun --nproc_per_node=2 parallel_train.py tp OUT      # tp=2 (+ checkpoint resume)
-    torchrun --nproc_per_node=4 parallel_train.py fsdp_tp OUT # fsdp=2 x tp=2
+    torchrun --nproc_per_node=2 parallel_train.py OUT ddp fsdp tp  # dp=2, fsdp=2, tp=2
+    torchrun --nproc_per_node=4 parallel_train.py OUT hsdp fsdp_tp # dp=2 x fsdp=2, fsdp=2 x tp=2
+
+fsdp and tp also save and resume checkpoints (under OUT/<strategy>/).
 
 Every case reads the same global batches; each rank takes its data rank's slice, and the
 slices hold very different token counts (short answers first, long ones last). Rank 0
@@ -226,7 +226,17 @@ def resume(mesh: DeviceMesh, out: Path) -> dict:
     }
 
 
-def main(strategy: str, out: Path) -> None:
+def main(out: Path, strategies: list[str]) -> None:
+    for strategy in strategies:
+        run(strategy, out)
+    # NOTE: gloo's C++ teardown can abort a rank ("terminate called without an active
+    # exception") when its peer closes the sockets first, even after a barrier. Every rank has
+    # written its results, so it leaves without running the destructors.
+    dist.barrier()
+    os._exit(0)
+
+
+def run(strategy: str, out: Path) -> None:
     mesh = DeviceMesh.from_sizes(**MESHES[strategy], device_type="cpu")
     twinkle.initialize("local", global_device_mesh=mesh)
     result = {
@@ -240,18 +250,13 @@ def main(strategy: str, out: Path) -> None:
     if strategy in ("ddp", "fsdp"):  # tp ranks share a batch: nothing to reduce over data
         result["accumulation"] = accumulation_is_local(mesh)
     if strategy in ("fsdp", "tp"):
-        result["resume"] = resume(mesh, out)
+        result["resume"] = resume(mesh, out / strategy)
         result["bf16"] = bf16_run(mesh)
     errors = bad_inputs(strategy) if strategy == "ddp" else {}
     if dist.get_rank() == 0:
         torch.save(result, out / f"{strategy}.pt")
         (out / f"{strategy}.json").write_text(json.dumps(errors))
-    # NOTE: gloo's C++ teardown can abort a rank ("terminate called without an active
-    # exception") when its peer closes the sockets first, even after a barrier. Every rank has
-    # written its results, so it leaves without running the destructors.
-    dist.barrier()
-    os._exit(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(Path(sys.argv[1]), sys.argv[2:])

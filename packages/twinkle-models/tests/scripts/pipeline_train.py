@@ -1,14 +1,15 @@
 """Train the bundled tiny model pipelined; test_pipeline_parallel compares the results with the
 same functions run in one process.
 
-    torchrun --nproc_per_node=2 pipeline_train.py pp OUT     # pp=2 (+ vpp, checkpoints)
-    torchrun --nproc_per_node=4 pipeline_train.py pp_dp OUT  # pp=2 x dp=2 (FSDP2 per stage)
-    torchrun --nproc_per_node=4 pipeline_train.py pp_tp OUT  # pp=2 x tp=2 (+ checkpoints)
-    torchrun --nproc_per_node=8 pipeline_train.py pp_tp_dp OUT  # the documents' mesh
+    torchrun --nproc_per_node=2 pipeline_train.py OUT pp        # pp=2 (+ vpp, checkpoints)
+    torchrun --nproc_per_node=4 pipeline_train.py OUT pp_dp pp_tp  # pp=2 x dp=2, pp=2 x tp=2
+    torchrun --nproc_per_node=8 pipeline_train.py OUT pp_tp_dp  # the documents' mesh
 
-Every case reads parallel_train's global batches (uneven token counts across data ranks).
-Rank 0 writes OUT/<case>.pt: losses, metrics and the whole model's trainable weights,
-gathered from every stage.
+One launch runs every case of its size (a launch's imports cost more than a case). pp_dp
+shards each stage with FSDP2; pp and pp_tp also save and resume checkpoints (under
+OUT/<case>/). Every case reads parallel_train's global batches (uneven token counts across
+data ranks). Rank 0 writes OUT/<case>.pt: losses, metrics and the whole model's trainable
+weights, gathered from every stage.
 """
 
 from __future__ import annotations
@@ -190,7 +191,16 @@ def bad_calls(mesh: DeviceMesh) -> dict[str, str]:
     return messages
 
 
-def main(case: str, out: Path) -> None:
+def main(out: Path, cases: list[str]) -> None:
+    for case in cases:
+        run(case, out)
+    # NOTE: gloo's teardown can abort a rank whose peer closed the sockets first (see
+    # parallel_train.py); every rank has written what it had to.
+    dist.barrier()
+    os._exit(0)
+
+
+def run(case: str, out: Path) -> None:
     mesh = DeviceMesh.from_sizes(**MESHES[case], device_type="cpu")
     twinkle.initialize("local", global_device_mesh=mesh)
     result = {"lora": train("lora", mesh, "GPipe"), "full": train("full", mesh, "1F1B")}
@@ -198,18 +208,14 @@ def main(case: str, out: Path) -> None:
         vpp = DeviceMesh.from_sizes(pp_size=2, vpp_size=2, device_type="cpu")
         result["vpp"] = train("full", vpp, "Interleaved1F1B", four_layers())
         result["errors"] = bad_calls(vpp)
-        result["resume"] = resume(mesh, out)
+        result["resume"] = resume(mesh, out / case)
     if case == "pp_tp":
-        result["resume"] = resume(mesh, out)
+        result["resume"] = resume(mesh, out / case)
         resumed = result["resume"]
         result["other_mesh"] = on_another_mesh(resumed["adapter_path"], resumed["weights_step1"])
     if dist.get_rank() == 0:
         torch.save(result, out / f"{case}.pt")
-    # NOTE: gloo's teardown can abort a rank whose peer closed the sockets first (see
-    # parallel_train.py); every rank has written what it had to.
-    dist.barrier()
-    os._exit(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(Path(sys.argv[1]), sys.argv[2:])
