@@ -192,6 +192,26 @@ def test_enable_thinking_false_adds_empty_think_block_to_generation_prompt():
     check(Qwen3_5Template(TINY, enable_thinking=True), row, [THINK + "4" + END])
 
 
+@pytest.mark.parametrize(
+    ("enable_thinking", "reasoning", "trained"),
+    [(None, "add them", "add them\n</think>\n\n4" + END), (False, None, "4" + END)],
+)
+def test_qwen3_5s_opening_think_tag_is_the_prompts_not_trained(enable_thinking, reasoning, trained):
+    """Qwen3.5's generation prompt opens the think block (an empty one with thinking off),
+    so Qwen3_5Template on a Qwen3.5 tokenizer trains from after it, as the generic Template
+    finds by rendering each turn."""
+    model_id = "bundled://tiny-qwen3.5"
+    reply = {"role": "assistant", "content": "4"}
+    if reasoning:
+        reply["reasoning_content"] = reasoning
+    row = {"messages": [{"role": "user", "content": "2+2?"}, reply]}
+    qwen = Qwen3_5Template(model_id, enable_thinking=enable_thinking)
+    feature = qwen.encode(row)
+    expected = Template(model_id, enable_thinking=enable_thinking).encode(row)
+    assert feature["labels"].tolist() == expected["labels"].tolist()
+    assert qwen.decode(feature["input_ids"][feature["labels"] != -100]) == trained
+
+
 TOOL = {
     "type": "function",
     "function": {

@@ -10,7 +10,6 @@ from twinkle.template.rendering import Rendered, Span
 
 _ASSISTANT_HEADER = "<|im_start|>assistant\n"
 _END_OF_TURN = "<|im_end|>"
-_EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
 class Qwen3_5Template(Template):
@@ -22,12 +21,13 @@ class Qwen3_5Template(Template):
     ``<tool_call>`` JSON after it; tool results come back as ``<tool_response>`` blocks
     inside a user turn. With ``enable_thinking=False`` the generation prompt carries an
     empty think block, so the model answers without reasoning (and a reply's empty think
-    block is the prompt's, not trained).
+    block is the prompt's, not trained). Qwen3.5's generation prompt opens the think block
+    (``<think>\\n``) even with thinking on, so there the reply starts inside it.
 
     The assistant's text is found by the format rather than by ``{% generation %}`` blocks
     (which the templates Qwen ships do not have): from after each
-    ``<|im_start|>assistant\\n`` (and the empty think block the generation prompt holds
-    with ``enable_thinking=False``) through its ``<|im_end|>``. Arguments are those of
+    ``<|im_start|>assistant\\n``, and after what the generation prompt writes there (the
+    model never writes that text), through its ``<|im_end|>``. Arguments are those of
     :class:`Template`; the tokenizer must have the ChatML special tokens.
     """
 
@@ -42,6 +42,10 @@ class Qwen3_5Template(Template):
                 f"Qwen3_5Template needs a ChatML tokenizer, but the tokenizer of {model_id} has "
                 f"no {' or '.join(missing)}; use Template for other chat formats"
             )
+        prompt = self.render({"messages": [{"role": "user", "content": "?"}]}, True)
+        self._prompt_opening = prompt[prompt.rfind(_ASSISTANT_HEADER) + len(_ASSISTANT_HEADER) :]
+        """What the generation prompt writes after the header: nothing (Qwen3), ``<think>\\n``
+        (Qwen3.5), or an empty think block (``enable_thinking=False``)."""
 
     def _assistant_spans(self, rendered: Rendered, turns: int, index: int) -> list[Span]:
         text = rendered.text
@@ -49,8 +53,8 @@ class Qwen3_5Template(Template):
         header = text.find(_ASSISTANT_HEADER)
         while header != -1:
             start = header + len(_ASSISTANT_HEADER)
-            if self.enable_thinking is False and text.startswith(_EMPTY_THINK, start):
-                start += len(_EMPTY_THINK)
+            if text.startswith(self._prompt_opening, start):
+                start += len(self._prompt_opening)
             end = text.find(_END_OF_TURN, start)
             if end == -1:
                 break  # a turn that never ends; the count check below reports it
