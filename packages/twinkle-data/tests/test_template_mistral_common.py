@@ -112,13 +112,17 @@ def as_mistral(messages):
                     **c,
                     "function": {
                         **c["function"],
-                        "arguments": json.dumps(c["function"]["arguments"]),
+                        "arguments": as_json_text(c["function"]["arguments"]),
                     },
                 }
                 for c in message["tool_calls"]
             ]
         converted.append(message)
     return converted
+
+
+def as_json_text(arguments):
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def their_tokens(mistral, messages, tools=None):
@@ -207,3 +211,27 @@ def test_a_call_turn_with_text_is_refused(templates):
     for template in templates:
         with pytest.raises(Exception, match="move the text of that assistant message"):
             template.encode({"messages": messages, "tools": [TOOL]})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "result"),
+    [
+        ('{"city":"Paris"}', '{"temp":20, "sky": ["clear", "dry"]}'),  # compact JSON
+        ("Paris", "20"),  # not JSON, and a bare number
+        ('"Paris"', "null"),
+    ],
+)
+def test_json_text_in_calls_and_results_is_written_as_mistral_common_writes_it(
+    folder, mistral, arguments, result
+):
+    """mistral-common parses JSON text (arguments given as a string, a tool's result) and
+    writes the value it holds; MistralTemplate does the same before rendering."""
+    template = TEMPLATES.get("MistralTemplate")(str(folder))
+    messages = tool_turns()[:5]
+    messages[2] = {**messages[2], "tool_calls": [dict(call("abcDEF123", "Paris"))]}
+    messages[2]["tool_calls"][0]["function"] = {"name": "get_weather", "arguments": arguments}
+    messages[3] = {**messages[3], "content": result}
+    feature = template.encode({"messages": messages, "tools": [TOOL]}, train_turns=[-2, -1])
+    assert feature["input_ids"].tolist() == their_tokens(mistral, messages, [TOOL])
+    replies = [their_reply(mistral, m) for m in messages if m["role"] == "assistant"]
+    assert trained_runs(feature["labels"].tolist()) == replies

@@ -9,11 +9,13 @@ still overrides it. The tokenizer must hold the format's special tokens.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from twinkle.template.base import Template
+from twinkle.template.rendering import Rendered
 
 FORMATS = Path(__file__).parent / "formats"
 
@@ -77,9 +79,45 @@ class MistralTemplate(FormatTemplate):
     system prompt goes with the last user message, as mistral-common's v3 (and v2)
     tokenizer puts it; v1 puts it in the first user message, v7 and later give it a
     ``[SYSTEM_PROMPT]`` turn. (The Jinja template v0.3 ships writes it only when that user
-    message ends the conversation, so it drops it from every training row.)"""
+    message ends the conversation, so it drops it from every training row.)
+
+    A tool result or call arguments given as JSON text are written as the JSON value they
+    hold, other text as a JSON string, as mistral-common does (the Jinja format alone
+    cannot parse JSON, so this Template reads them before rendering)."""
 
     chat_format = ChatFormat("mistral", ("[INST]", "[/INST]", "</s>"), ("</s>",), "mistral")
+
+    def _render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *args: Any
+    ) -> Rendered:
+        return super()._render([_json_read(message) for message in messages], tools, *args)
+
+
+def _json_value(text: Any) -> Any:
+    """The JSON value ``text`` holds, else ``text`` itself."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _json_read(message: dict[str, Any]) -> dict[str, Any]:
+    """A Mistral message with its JSON text parsed: a tool result's content, and each call's
+    arguments (those that are not JSON become a JSON string, which the format writes as
+    it is)."""
+    if message["role"] == "tool":
+        return {**message, "content": _json_value(message["content"])}
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        arguments = _json_value(call["function"]["arguments"])
+        if isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return {**message, "tool_calls": calls}
 
 
 class Gemma3Template(FormatTemplate):
