@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from twinkle.data_format import InputFeature, Message, Trajectory
 from twinkle.hub import resolve_model
 from twinkle.template import HistoryMismatchError, Qwen3_5Template, Template
+from twinkle.template.history import common_prefix_length
 
 TINY = "bundled://tiny-qwen3"
 END = "<|im_end|>"
@@ -526,3 +527,11 @@ def test_labels_on_random_conversations(qwen, generic, rendered_turns, messages)
     ]
     for template in (qwen, generic, rendered_turns):
         check(template, {"messages": messages}, expected)
+
+
+@given(st.text(alphabet="ab<>", max_size=40), st.text(alphabet="ab<>", max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_common_prefix_length_is_the_shared_leading_characters(a, b):
+    n = common_prefix_length(a, b)
+    assert a[:n] == b[:n]
+    assert n == min(len(a), len(b)) or a[n] != b[n]

@@ -7,7 +7,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template, rend
 
 from twinkle.hub import bundled_names
 from twinkle.template import EncodeError, Template
-from twinkle.template.rendering import render
+from twinkle.template.rendering import render, template_inputs
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -39,8 +39,7 @@ TOOLS = [
 def ours(chat_template, messages, **variables):
     return render(
         chat_template,
-        messages,
-        None,
+        *template_inputs(messages, None),
         add_generation_prompt=False,
         variables=variables,
         track_generation=False,

@@ -3,7 +3,6 @@ text the assistant writes."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -23,9 +22,20 @@ from twinkle.template.conversation import (
     to_trajectory,
 )
 from twinkle.template.errors import EncodeError, HistoryMismatchError
-from twinkle.template.history import history_difference, markup_only_rewrite, markup_pattern
+from twinkle.template.history import (
+    common_prefix_length,
+    history_difference,
+    markup_only_rewrite,
+    markup_pattern,
+)
 from twinkle.template.labels import labels_from_spans
-from twinkle.template.rendering import Rendered, Span, has_generation_markers, render
+from twinkle.template.rendering import (
+    Rendered,
+    Span,
+    has_generation_markers,
+    plain_data,
+    render,
+)
 from twinkle.template.tool_calls import TOOL_CALL_FORMATS, ToolCallFormat, detect_tool_call_format
 from twinkle.template.truncation import TRUNCATION_STRATEGIES, TruncationStrategy, truncate
 from twinkle.template.turns import locate_reply, nth_reply, reply_span, stop_tokens
@@ -161,9 +171,10 @@ class Template:
         self._markup = markup_pattern(added)
         self._longest_markup = max(map(len, added), default=0)
         # The variables apply_chat_template gives a template, so both render the same text.
-        self._variables = dict(self.tokenizer.special_tokens_map)
+        variables = dict(self.tokenizer.special_tokens_map)
         if enable_thinking is not None:
-            self._variables["enable_thinking"] = enable_thinking
+            variables["enable_thinking"] = enable_thinking
+        self._variables = plain_data(variables)
 
     @remote_function(dispatch="all", execute="first", collect="first")
     def encode(
@@ -419,7 +430,7 @@ class Template:
         """What the generation prompt adds to the conversation before a reply (its
         header): one more render, made only for a warned history mismatch."""
         bare = self._render(conv.messages[:position], conv.tools, False, False, index).text
-        return prompt[len(os.path.commonprefix([bare, prompt])) :]
+        return prompt[common_prefix_length(bare, prompt) :]
 
     def _markup_only(self, text: str, prefix: Rendered | str, prefix_span: Span) -> Span | None:
         """The turn's span in the whole rendering ``text`` when its turn-by-turn rendering

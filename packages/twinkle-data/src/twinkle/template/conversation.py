@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from twinkle.data_format import Trajectory
 from twinkle.template.errors import EncodeError
+from twinkle.template.rendering import template_inputs
 
 TrainTurns: TypeAlias = Literal["all", "last"] | Sequence[int]
 """Which assistant turns carry labels: ``'all'``, ``'last'``, or indices into the list of
@@ -21,10 +22,11 @@ _TRAJECTORY_KEYS = ("messages", "tools", "user_data")
 
 @dataclass(frozen=True)
 class Conversation:
-    """One trajectory ready to render. ``messages`` are the dicts the chat template sees
-    (with the default system prompt applied); ``assistants`` are the positions of the
-    assistant messages in them, and ``trained`` the assistant turns to label, as indices
-    into ``assistants`` (empty for a generation prompt)."""
+    """One trajectory ready to render. ``messages`` and ``tools`` are what the chat
+    template sees (``template_inputs``, with the default system prompt applied);
+    ``assistants`` are the positions of the assistant messages in them, and ``trained``
+    the assistant turns to label, as indices into ``assistants`` (empty for a generation
+    prompt)."""
 
     trajectory: Trajectory
     messages: list[dict[str, Any]]
@@ -114,6 +116,7 @@ def prepare(
     if default_system is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": default_system})
     tools = None if trajectory.tools is None else [tool.to_openai() for tool in trajectory.tools]
+    messages, tools = template_inputs(messages, tools)
     assistants = tuple(i for i, message in enumerate(messages) if message["role"] == "assistant")
     trained = () if add_generation_prompt else _trained(len(assistants), train_turns, index)
     return Conversation(trajectory, messages, tools, assistants, trained)

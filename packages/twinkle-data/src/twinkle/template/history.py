@@ -4,12 +4,25 @@ when it writes that turn."""
 
 from __future__ import annotations
 
-import os
 import re
 
 from twinkle.template.rendering import Span
 
 _BEFORE, _AFTER = 30, 50
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share: a bisection over slice
+    comparisons, which run in C (``os.path.commonprefix`` walks the characters in Python,
+    slow on whole conversations)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def history_difference(
@@ -20,7 +33,7 @@ def history_difference(
     end = prefix_span[1]
     if full_span == prefix_span and full_text[:end] == prefix_text[:end]:
         return None
-    at = len(os.path.commonprefix([full_text[:end], prefix_text[:end]]))
+    at = common_prefix_length(full_text[:end], prefix_text[:end])
     if at == end:
         return (
             f"the text is the same, but the turn spans characters {list(prefix_span)} turn by "
@@ -51,7 +64,7 @@ def markup_only_rewrite(
     The run may start up to ``longest`` characters before the two renderings part (a reply
     that begins like the markup, ``<tool_call>`` after ``<think>``)."""
     start, end = prefix_span
-    parted = len(os.path.commonprefix([full_text[:end], prefix_text[:end]]))
+    parted = common_prefix_length(full_text[:end], prefix_text[:end])
     for at in range(parted, max(-1, parted - longest - 1), -1):
         found = markup.match(prefix_text, at, end)
         if found is None:

@@ -1,9 +1,14 @@
 """Render a conversation with a Jinja chat template, exactly as
 ``tokenizer.apply_chat_template(..., tokenize=False)`` does, optionally recording the
-character spans of its ``{% generation %}`` blocks (the text the assistant writes)."""
+character spans of its ``{% generation %}`` blocks (the text the assistant writes).
+
+``apply_chat_template`` rebuilds a conversation as plain data before every render; a
+Template renders each conversation (and its prefixes) several times, so it converts it once
+(``template_inputs``, transformers' own conversion) and renders that."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from types import BuiltinFunctionType
@@ -11,7 +16,6 @@ from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers.utils import chat_template_utils
-from transformers.utils.chat_template_utils import render_jinja_template
 
 Span = tuple[int, int]
 """Character offsets ``[start, end)`` into a rendered conversation."""
@@ -67,14 +71,29 @@ class _MemoSandbox(ImmutableSandboxedEnvironment):
         return super().getattr(obj, attribute)
 
 
-def _own_copy(chat_template: str) -> str:
+@functools.lru_cache(maxsize=64)
+def _own_copy(chat_template: str) -> Any:
     """The chat template as Twinkle renders it: its own compiled copy, in the faster
     sandbox (transformers compiles each template text once and keeps it)."""
-    source = _OWN_COPY + chat_template
-    environment = chat_template_utils._compile_jinja_template(source).environment
-    if type(environment) is ImmutableSandboxedEnvironment:
-        environment.__class__ = _MemoSandbox
-    return source
+    compiled = chat_template_utils._compile_jinja_template(_OWN_COPY + chat_template)
+    if type(compiled.environment) is ImmutableSandboxedEnvironment:
+        compiled.environment.__class__ = _MemoSandbox
+    return compiled
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` rebuilt from plain JSON types, as apply_chat_template gives a template
+    its inputs: rich objects' methods are out of the sandbox's reach."""
+    return chat_template_utils._plain_template_data(value)
+
+
+def template_inputs(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages and tools a template sees from apply_chat_template: plain data, each
+    message's reasoning under every name templates read it by. A prefix of the messages
+    is the conversion of the prefix."""
+    return chat_template_utils._alias_reasoning_fields(plain_data(messages)), plain_data(tools)
 
 
 @dataclass(frozen=True)
@@ -95,14 +114,18 @@ def render(
     variables: dict[str, Any],
     track_generation: bool,
 ) -> Rendered:
-    """Render one conversation. ``variables`` are the extra template variables
-    (special tokens, ``enable_thinking``), passed as ``apply_chat_template`` passes them."""
-    texts, spans = render_jinja_template(
-        [messages],
+    """Render one conversation's ``template_inputs`` with the extra template variables
+    (special tokens, ``enable_thinking``, already ``plain_data``), as
+    ``apply_chat_template`` renders them."""
+    compiled = _own_copy(chat_template)
+    arguments = dict(
+        messages=messages,
         tools=tools,
-        chat_template=_own_copy(chat_template),
-        return_assistant_tokens_mask=track_generation,
+        documents=None,
         add_generation_prompt=add_generation_prompt,
         **variables,
     )
-    return Rendered(texts[0], [tuple(span) for span in spans[0]] if track_generation else [])
+    if not track_generation:
+        return Rendered(compiled.render(**arguments), [])
+    text, spans = chat_template_utils._render_with_assistant_indices(compiled, **arguments)
+    return Rendered(text, [tuple(span) for span in spans])

@@ -6,11 +6,11 @@ after the end-of-turn token is not the model's to write)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from twinkle.template.history import common_prefix_length
 from twinkle.template.rendering import Span
 
 _BEFORE, _AFTER = 30, 50
@@ -33,7 +33,7 @@ def reply_span(prompt: str, through: str, stops: tuple[str, ...]) -> Span | str:
     given ``prompt`` (rendered up to it with the generation prompt); or, when ``prompt``
     is not where ``through`` starts, a description of where they differ."""
     if not through.startswith(prompt):
-        at = len(os.path.commonprefix([prompt, through]))
+        at = common_prefix_length(prompt, through)
         start = max(0, at - _BEFORE)
         return (
             f"from character {at} the generation prompt reads {prompt[start : at + _AFTER]!r} "
