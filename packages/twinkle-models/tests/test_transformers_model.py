@@ -4,7 +4,9 @@ isolated, and bad inputs fail with errors that say what to do."""
 import pytest
 import torch
 from peft import LoraConfig
+from transformers import AutoConfig
 
+from twinkle.hub import resolve_model
 from twinkle.model import TransformersModel
 from twinkle.template import build_template
 
@@ -273,3 +275,19 @@ def test_models_that_rescale_logits_keep_the_plain_logits_path(monkeypatch):
     plain = model.forward_only(batch).loss
     monkeypatch.setattr(model_module, "prefers_chunked", lambda *args: True)
     assert model.forward_only(batch).loss == pytest.approx(plain, abs=1e-6)
+
+
+def test_a_given_config_is_the_models_copy_and_is_honoured_with_weights(tmp_path):
+    """The model's config is set up after loading (no cache, and under sp / cp another
+    attention): the caller's object stays as it was. With a folder of weights, the
+    config given is the one the model loads with."""
+    config = AutoConfig.from_pretrained(resolve_model(MODEL_ID))
+    before = config.to_dict()
+    built = TransformersModel(config=config, device="cpu")
+    assert built.model.config is not config and built.model.config.use_cache is False
+    assert config.to_dict() == before
+    built.model.save_pretrained(tmp_path)
+    config.rms_norm_eps = 1e-3
+    loaded = TransformersModel(str(tmp_path), config=config, device="cpu")
+    assert loaded.model.config.rms_norm_eps == 1e-3
+    assert torch.equal(loaded.model.lm_head.weight, built.model.lm_head.weight)

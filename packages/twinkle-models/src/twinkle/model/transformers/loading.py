@@ -7,6 +7,7 @@ every process and every run builds the same model without shipping weights.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -31,9 +32,14 @@ def load_causal_lm(
     seed: int,
     **from_pretrained_kwargs,
 ) -> tuple[PreTrainedModel, Path | None]:
-    """The model, and the local folder it came from (None when built from a config object)."""
+    """The model, and the local folder it came from (None when built from a config object).
+    A given config is copied: the model's own is set up later (attention implementation,
+    cache) and must not change the caller's."""
     if model_id is None and config is None:
         raise ValueError("pass model_id (a hub id, a local folder or a bundled id) or config")
+    if config is not None:
+        config = copy.deepcopy(config)
+        from_pretrained_kwargs = {**from_pretrained_kwargs, "config": config}
     folder = resolve_model(str(model_id)) if model_id is not None else None
     auto = model_cls or AutoModelForCausalLM
     if folder is not None and has_weights(folder):

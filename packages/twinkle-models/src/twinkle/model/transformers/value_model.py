@@ -13,6 +13,7 @@ position t - 1, the value of the state before label token t is produced (0 at t 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from typing import Any
@@ -57,7 +58,8 @@ class TransformersValueModel(TransformersModel):
                 kwargs["num_labels"] = 1
             else:
                 kwargs["config"] = AutoConfig.from_pretrained(folder, num_labels=1)
-        elif kwargs.get("config") is not None:
+        elif kwargs.get("config") is not None:  # a copy: the caller's config stays theirs
+            kwargs["config"] = copy.deepcopy(kwargs["config"])
             kwargs["config"].num_labels = 1
         super().__init__(model_id, **kwargs)
         # No dropout before the head: a training forward must see the values the advantages
