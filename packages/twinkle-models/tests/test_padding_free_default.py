@@ -25,7 +25,9 @@ from transformers.masking_utils import sdpa_mask
 from twinkle.hub import resolve_model
 from twinkle.hub.bundled import bundled_names
 from twinkle.model import TransformersModel
+from twinkle.model.transformers import packing
 from twinkle.model.transformers.packing import ForwardCost
+from twinkle.model.transformers.strategy.ring_attention import RING_ATTENTION
 from twinkle.processor import InputProcessor
 
 VOCAB = 256
@@ -229,6 +231,24 @@ def test_the_cost_estimate_packs_padding_away_but_not_a_long_dense_row():
     lengths = [1000] * 4 + [300] * 4
     assert not cost.saves(lengths, 1000)
     assert ForwardCost(per_token=1000.0, per_pair=10.0, varlen=True).saves(lengths, 1000)
+
+
+@pytest.mark.parametrize(
+    ("attention", "flash_blocks", "varlen"),
+    [
+        ("sdpa", True, False),
+        ("flash_attention_2", False, True),
+        (RING_ATTENTION, False, False),  # a CPU: every pair of a block, masked
+        (RING_ATTENTION, True, True),  # flash-attention's varlen blocks
+    ],
+)
+def test_the_cost_estimate_knows_which_attention_skips_across_sequences(
+    attention, flash_blocks, varlen, monkeypatch
+):
+    hf = build("qwen3", None).model
+    hf.config._attn_implementation = attention
+    monkeypatch.setattr(packing, "has_flash_blocks", lambda device: flash_blocks)
+    assert ForwardCost.of(hf).varlen is varlen
 
 
 @pytest.fixture

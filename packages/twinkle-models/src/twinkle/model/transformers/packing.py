@@ -16,7 +16,8 @@ model whose every sequence mixer keeps them apart:
 Whether packing pays is a cost estimate per batch: packing removes the padding's share of
 every linear layer, but attention over a dense mask (sdpa, eager) computes the whole
 packed row against itself, so long rows of uniform length are cheaper padded. Flash and
-flex attention skip the blocks between sequences. A batch runs packed only when the
+flex attention skip the blocks between sequences, and so does ring attention where its
+blocks run flash-attention (not on a CPU). A batch runs packed only when the
 estimate is below ``PACK_BELOW`` of the padded one; a batch without padding never does.
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from twinkle.model.transformers.strategy.ring_attention import RING_ATTENTION
+from twinkle.model.transformers.strategy.ring_attention_flash import has_flash_blocks
 from twinkle.model.transformers.strategy.ulysses_attention import WRAPPED as ULYSSES_WRAPPED
 from twinkle.patch import GatedDeltaNetPaddingFreePatch
 from twinkle.patch.gated_delta_net import is_gated_delta_net
@@ -39,8 +41,8 @@ logger = get_logger("twinkle.model")
 MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
 """Implementations whose mask comes from ``masking_utils``: packed rows are kept apart there."""
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", RING_ATTENTION)
-"""Implementations that skip the attention between packed sequences (block-sparse or varlen;
-ring attention masks each block by the row's segments)."""
+"""Implementations that keep packed sequences apart without a mask from ``masking_utils``
+(block-sparse or varlen; ring attention masks each block by the row's segments)."""
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
 PACK_BELOW = 0.95
 """A batch packs when its estimated packed cost is below this share of its padded cost."""
@@ -104,6 +106,16 @@ def packing_support(model: nn.Module) -> PackingSupport:
     return PackingSupport(False, attention, f"{name} uses attention {attention!r}: {why}")
 
 
+def skips_across_sequences(model: nn.Module) -> bool:
+    """Whether the attention's cost grows with each packed sequence's length squared
+    rather than the row's: flash and flex attention, and ring attention where its blocks
+    run flash-attention (on a CPU they compute every pair of a block and mask them)."""
+    attention = attention_implementation(model)
+    if attention == RING_ATTENTION:
+        return has_flash_blocks(next(model.parameters()).device)
+    return attention in VARLEN_ATTENTION
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     """Forward FLOPs of the decoder: ``per_token`` through the linear layers, ``per_pair``
@@ -133,7 +145,7 @@ class ForwardCost:
         return cls(
             per_token=2.0 * decoder_params,
             per_pair=4.0 * heads * head_dim * attention_layers,
-            varlen=attention_implementation(model) in VARLEN_ATTENTION,
+            varlen=skips_across_sequences(model),
         )
 
     def saves(self, lengths: list[int], width: int) -> bool:

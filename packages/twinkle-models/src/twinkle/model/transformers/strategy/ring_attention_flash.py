@@ -206,9 +206,13 @@ class FlashBlocks:
 def flash_blocks(query: torch.Tensor) -> FlashBlocks | None:
     """The flash blocks for ``query``'s device and dtype, or None where the torch blocks run
     (no fast path there, as on a CPU, or a dtype the kernels do not take)."""
-    if query.dtype not in FLASH_DTYPES:
+    if query.dtype not in FLASH_DTYPES or not has_flash_blocks(query.device):
         return None
-    forward, backward = fast_path(OP, query.device), fast_path(BACKWARD_OP, query.device)
-    if forward is None or backward is None:
-        return None
-    return FlashBlocks(forward, backward)
+    return FlashBlocks(fast_path(OP, query.device), fast_path(BACKWARD_OP, query.device))
+
+
+def has_flash_blocks(device: torch.device) -> bool:
+    """Whether ring attention's blocks run flash-attention's varlen kernels on ``device``
+    (for half-precision queries): they skip the pairs across packed sequences, where the
+    torch blocks compute every pair and mask them."""
+    return fast_path(OP, device) is not None and fast_path(BACKWARD_OP, device) is not None
