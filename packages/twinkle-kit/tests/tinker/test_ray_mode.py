@@ -74,7 +74,7 @@ def test_sl_loop_and_resume_on_a_ray_worker(ray_server, base_model):
     url, key, ray_dir = ray_server
     assert list(ray_dir.glob("ray/session_*")), "the server started no Ray cluster"
     with tinker.ServiceClient(base_url=url, api_key=key) as service:
-        client = service.create_lora_training_client(base_model=base_model, rank=8)
+        client = service.create_lora_training_client(base_model=base_model, rank=8, seed=0)
         client = client.result(timeout=120)
         losses = []
         for _ in range(4):
