@@ -25,6 +25,7 @@ SFT_BATCH = [
     {"input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [-100, -100, 3, 4, 5, 6, 7]},
     {"input_ids": [9, 8, 7, 6, 5], "labels": [-100, 8, 7, 6, 5]},
 ]
+STREAMED_TOKENS = 256  # a completion whose drawing takes longer than its request
 PROMPTS = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}]} for i in range(2)]
 
 
@@ -79,22 +80,26 @@ def test_the_openai_stream_arrives_token_by_token_through_serves_proxy(served):
     """Serve's proxy passes the ingress's StreamingResponse on as it is written: the first
     chunk arrives long before the whole completion could have been drawn, not with the
     rest at the end. The same request unstreamed first, both to warm the sampler (its first
-    call pays for loading) and to time a whole completion."""
+    call pays for loading) and to time a whole completion. The completion is long enough
+    (STREAMED_TOKENS) that drawing it, not the request's fixed cost through the proxy, sets
+    its time, on a loaded machine too (at 32 tokens the two were equal)."""
     client = openai.OpenAI(base_url=f"{served['url']}/v1", api_key=served["key"], max_retries=0)
     request = {
         "model": MODEL_ID,
         "prompt": [5, 17, 42],
-        "max_tokens": 32,
+        "max_tokens": STREAMED_TOKENS,
         "extra_body": {"ignore_eos": True},
     }
     start = time.perf_counter()
     whole = client.completions.create(**request)
     whole_s = time.perf_counter() - start
-    assert whole.usage.completion_tokens == 32
+    assert whole.usage.completion_tokens == STREAMED_TOKENS
     warm = stream_arrivals(client, request)  # the first stream pays one-time start-up costs
-    assert len(warm) == 32 + 1
+    assert len(warm) == STREAMED_TOKENS + 1
     arrivals, finishes = stream_arrivals(client, request, finishes=[])
-    assert len(arrivals) == 32 + 1 and finishes[-1] == "length"  # a chunk per token, the finish
+    assert (
+        len(arrivals) == STREAMED_TOKENS + 1 and finishes[-1] == "length"
+    )  # a chunk per token, the finish
     # Buffered by the proxy, the first chunk would come with the last, after a whole
     # completion's time.
     assert arrivals[0] < whole_s / 2, (whole_s, arrivals)

@@ -6,6 +6,11 @@ documents' samples do), so the third needs a slot one of the first two held. A s
 server refuses follows what the refusal says (it names the seconds until a slot frees) and
 tries once more. Every script must finish, the slots must all be free within a beat plus
 the grace after the last one ends, and a client that keeps beating keeps its slot.
+
+A script ends with ``os._exit``: the process stops, as the server sees any script end. Left
+to the interpreter's shutdown, the SDK's daemon thread (an event loop in an HTTP client's
+native runtime) was seen to abort it (SIGABRT, exit -6) on a loaded CI machine, after the
+script's work was done.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ RELEASE_S = TINKER_SDK_HEARTBEAT_S + GRACE_S + REAP_INTERVAL_S + 5  # + slack fo
 TOKENS = [3, 14, 15, 92, 65, 35, 89, 79]
 
 SCRIPT = """
-import re, sys, time
+import os, re, sys, time
 import tinker
 from tinker import types
 
@@ -59,6 +64,7 @@ for _ in range(int(sys.argv[4])):
     training.forward_backward([datum], "cross_entropy").result(120)
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result(120)
     print("TRAINED", training.model_id, flush=True)
+os._exit(0)
 """  # ends without service.close(): its heartbeats stop when the process does
 
 
