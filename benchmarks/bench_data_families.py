@@ -4,12 +4,12 @@ against ``tokenizer.apply_chat_template`` on the same rows.
 The families' templates have no ``{% generation %}`` blocks (as models ship them), so
 Template finds each trained reply by rendering the conversation up to it and through it
 (at most two renders per trained turn). The baseline is ``apply_chat_template(messages,
-return_dict=True, return_assistant_tokens_mask=True)`` per row; only a template with
-generation blocks gives it a mask, so for the Qwen3 format the baseline runs the bundled
-template (which has them) while Template runs a copy without them, and the labels are
-compared token for token (the run fails on any difference). For the other families the
-baseline's mask is empty and the row shows throughput only (their labels are checked
-token by token in tests/test_template_families.py). Target: Template >= 0.8x.
+return_dict=True, return_assistant_tokens_mask=True)`` per row, which gives a mask only for
+a template with generation blocks: it runs a copy of each family's template with its replies
+marked (``generation_blocks.py``; Qwen3's bundled template has them already, and Template
+runs a copy without them). Labels are compared token for token on every row, the baseline's
+mask cut to the last reply for ``'last'``; the run fails on any difference. Target:
+Template >= 0.8x.
 
 Rows: bench_data_encode's synthetic conversations (1-3 turns, every other with a system
 prompt; Gemma folds it into the first user turn, as its template does), all
@@ -32,9 +32,12 @@ import sys
 import time
 from typing import Any
 
-from bench_data_encode import synthetic_rows
+from bench_data_encode import baseline_encode, synthetic_rows
+from generation_blocks import with_generation_blocks
 from provenance import commit
+from transformers import AutoTokenizer
 
+from twinkle.hub import resolve_model
 from twinkle.template import Template
 
 FAMILIES = [
@@ -52,17 +55,6 @@ REWRITES_HISTORY = {"tiny-mistral"}  # the system prompt moves to the last user 
 TARGET = 0.8
 
 
-def baseline(tokenizer: Any, data: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for row in data:
-        encoded = tokenizer.apply_chat_template(
-            row["messages"], return_dict=True, return_assistant_tokens_mask=True
-        )
-        ids, mask = encoded["input_ids"], encoded["assistant_masks"]
-        out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
-    return out
-
-
 def ours(template: Template, data: list[dict[str, Any]], turns: str) -> list[tuple[list, list]]:
     features = template.batch_encode(data, train_turns=turns)
     return [(f["input_ids"].tolist(), f["labels"].tolist()) for f in features]
@@ -76,21 +68,20 @@ def cpu_seconds(run) -> tuple[float, Any]:
 
 def bench(name: str, data: list, runs: int, turns: str) -> dict[str, Any]:
     model_id = f"bundled://{name}"
-    reference = Template(model_id)
-    source = reference.tokenizer.chat_template
+    marked = AutoTokenizer.from_pretrained(resolve_model(model_id))
+    source = marked.chat_template
+    marked.chat_template = with_generation_blocks(name, source)
     bare = source.replace("{%- generation %}", "").replace("{%- endgeneration %}", "")
-    template = Template(model_id, chat_template=bare) if bare != source else reference
-    labelled = bare != source  # the baseline has a mask to compare with
-    if turns == "last":
-        data = [{"messages": row["messages"][: _last_reply(row) + 1]} for row in data]
-    base_times, our_times, same = [], [], None
+    template = Template(model_id, chat_template=bare)
+    base_times, our_times, same = [], [], True
     for _ in range(runs):
-        seconds, expected = cpu_seconds(lambda: baseline(reference.tokenizer, data))
+        seconds, expected = cpu_seconds(lambda: baseline_encode(marked, data))
         base_times.append(seconds)
         seconds, got = cpu_seconds(lambda: ours(template, data, turns))
         our_times.append(seconds)
-        if labelled and turns == "all":
-            same = got == expected
+        if turns == "last":
+            expected = [(ids, last_reply_only(labels)) for ids, labels in expected]
+        same = same and got == expected
     base, mine = statistics.median(base_times), statistics.median(our_times)
     return {
         "family": name,
@@ -98,12 +89,17 @@ def bench(name: str, data: list, runs: int, turns: str) -> dict[str, Any]:
         "baseline": len(data) / base,
         "twinkle": len(data) / mine,
         "ratio": base / mine,
-        "labels": {True: "exact", False: "differ", None: "not compared"}[same],
+        "labels": "exact" if same else "differ",
     }
 
 
-def _last_reply(row: dict[str, Any]) -> int:
-    return max(i for i, m in enumerate(row["messages"]) if m["role"] == "assistant")
+def last_reply_only(labels: list[int]) -> list[int]:
+    """A mask of every reply cut to the last one: what ``train_turns='last'`` labels."""
+    end = max(i for i, label in enumerate(labels) if label != -100) + 1
+    start = end
+    while start > 0 and labels[start - 1] != -100:
+        start -= 1
+    return [-100] * start + labels[start:end] + [-100] * (len(labels) - end)
 
 
 def main() -> None:
