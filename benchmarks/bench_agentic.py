@@ -6,8 +6,9 @@ GRPO (max_staleness 1, 2) against synchronous on the bundled calculator task.
    out: appends the sampled tokens and the rendered observation) against the loop a user
    writes without it: keep the messages, let the sampler encode the whole conversation each
    turn (``sampler.sample(trajectories)``), parse with ``template.parse_response``, step
-   the envs. Sampled tokens per second, medians of ``--repeats`` alternating runs.
-   Target: ratio >= 1.0x.
+   the envs. Sampled tokens per second, medians of ``--repeats`` alternating runs, each
+   repeat with a sampling seed of its own (the same for both loops); the ratio is the
+   median of the per-repeat ratios. Target: ratio >= 1.0x.
 2. **Async**: per seed (``--seeds 0,1,2``) one SFT warm start (``--sft-steps``), then
    ``--grpo-steps`` GRPO steps from the same weights for max_staleness 0 (synchronous), 1
    and 2, held-out success measured every ``--eval-every`` steps (evaluation time
@@ -72,14 +73,14 @@ def load_recipe():
     return module
 
 
-def turn_seed(turn: int) -> int:
+def turn_seed(seed: int, turn: int) -> int:
     """The seed MultiTurnRollout gives a turn's (first) sampler call, so both loops sample
     the same tokens wherever the re-encoded conversation is the appended token list."""
-    words = np.random.SeedSequence([PARAMS.seed, turn, 0])
+    words = np.random.SeedSequence([seed, turn, 0])
     return int(words.generate_state(1, np.uint64)[0] >> np.uint64(2))
 
 
-def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> int:
+def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int, seed: int) -> int:
     """The loop without MultiTurnRollout; returns the sampled tokens it generated."""
     envs = EnvPool(ArithmeticToolEnv, describe_tools=False, max_workers=1)
     runs = [task for task in tasks for _ in range(num_samples)]
@@ -89,7 +90,7 @@ def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> in
         if not conversations:
             break
         live = list(conversations)
-        params = SamplingParams(**{**PARAMS.to_dict(), "seed": turn_seed(turn)})
+        params = SamplingParams(**{**PARAMS.to_dict(), "seed": turn_seed(seed, turn)})
         responses = sampler.sample([{"messages": conversations[i]} for i in live], params)
         actions = {}
         for index, response in zip(live, responses, strict=True):
@@ -117,35 +118,45 @@ def hand_written_rollout(sampler, tasks, num_samples: int, max_turns: int) -> in
 
 
 def bench_rollout(recipe, sampler, repeats: int) -> dict:
+    """Each repeat samples with a seed of its own, the same for both loops: a fixed seed
+    would freeze one draw of sequence lengths (and of a batch's longest, which sets its
+    decode steps) into every repeat. The ratio is the median of the per-seed ratios."""
     held_out = arithmetic_tasks("test")
-    rollout = recipe.build_rollout(sampler, PARAMS)
 
-    def ours() -> int:
+    def ours(seed: int) -> int:
+        params = SamplingParams(**{**PARAMS.to_dict(), "seed": seed})
+        rollout = recipe.build_rollout(sampler, params)
         return sum(t.num_sampled_tokens for t in rollout(held_out, num_samples=4))
 
-    def theirs() -> int:
-        return hand_written_rollout(sampler, held_out, 4, max_turns=3)
+    def theirs(seed: int) -> int:
+        return hand_written_rollout(sampler, held_out, 4, max_turns=3, seed=seed)
 
-    ours(), theirs()  # warm-up
+    ours(PARAMS.seed), theirs(PARAMS.seed)  # warm-up
     names = ("MultiTurnRollout", "hand-written")
     rates: dict[str, list[float]] = {name: [] for name in names}
     counts: dict[str, list[int]] = {name: [] for name in names}
     cpu_rates: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(repeats):
-        for name, fn in (("MultiTurnRollout", ours), ("hand-written", theirs)):
+    for repeat in range(repeats):
+        order = (("MultiTurnRollout", ours), ("hand-written", theirs))
+        for name, fn in order if repeat % 2 == 0 else order[::-1]:
             start, cpu_start = time.perf_counter(), time.process_time()
-            tokens = fn()
+            tokens = fn(PARAMS.seed + 1 + repeat)
             counts[name].append(tokens)
             rates[name].append(tokens / (time.perf_counter() - start))
             cpu_rates[name].append(tokens / (time.process_time() - cpu_start))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    cpu = {name: statistics.median(values) for name, values in cpu_rates.items()}
+
+    def paired(values: dict[str, list[float]]) -> float:
+        pairs = zip(values["MultiTurnRollout"], values["hand-written"], strict=True)
+        return statistics.median(ours / theirs for ours, theirs in pairs)
+
     return {
-        **medians,
-        "ratio": medians["MultiTurnRollout"] / medians["hand-written"],
-        "cpu": cpu,  # tokens per CPU second of this process: less swayed by a loaded machine
-        "cpu_ratio": cpu["MultiTurnRollout"] / cpu["hand-written"],
+        **{name: statistics.median(values) for name, values in rates.items()},
+        "ratio": paired(rates),
+        # tokens per CPU second of this process: less swayed by a loaded machine
+        "cpu": {name: statistics.median(values) for name, values in cpu_rates.items()},
+        "cpu_ratio": paired(cpu_rates),
         "sampled_tokens": {name: statistics.median(values) for name, values in counts.items()},
+        "per_repeat": {"tokens/s": rates, "sampled_tokens": counts},
     }
 
 
