@@ -1,5 +1,7 @@
 """Chunked cross entropy: same values and gradients as the plain loss, without full logits."""
 
+import importlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -156,6 +158,31 @@ def test_logits_path_in_chunks_matches_one_chunk(chunk_size):
     (one.logps * weights).sum().backward()
     (many.logps * weights).sum().backward()
     torch.testing.assert_close(chunked.grad, whole.grad, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+def test_both_ways_to_the_exponentials_give_equal_values_and_gradients(chunk_size, monkeypatch):
+    """The gathered and hidden-state paths take their exponentials through torch's softmax
+    kernels on a CPU and as exp(logits - lse) elsewhere (``_softmax_kernels``): run here
+    both ways, values, argmax ids and gradients agree."""
+    module = importlib.import_module("twinkle.loss.chunked_logps")
+    hidden, weight, bias, labels = make_batch()
+    weights = torch.randn(B, T, dtype=torch.float64)
+    results = []
+    for kernels in (True, False):
+        monkeypatch.setattr(module, "_softmax_kernels", lambda device, on=kernels: on)
+        h, w, b, logits = leaves(hidden, weight, bias, hidden @ weight.T + bias)
+        linear = chunked_logps(h, w, labels, b, chunk_size=chunk_size)
+        gathered = logps_from_logits(logits, labels, chunk_size=chunk_size)
+        ((linear.logps + gathered.logps) * weights).sum().backward()
+        results.append((linear, gathered, h.grad, w.grad, b.grad, logits.grad))
+    (linear, gathered, *grads), (linear_e, gathered_e, *grads_e) = results
+    for ours, other in [(linear, linear_e), (gathered, gathered_e)]:
+        torch.testing.assert_close(ours.logps, other.logps, rtol=1e-13, atol=1e-13)
+        assert torch.equal(ours.predicted_ids, other.predicted_ids)
+    for ours, other in zip(grads, grads_e, strict=True):
+        torch.testing.assert_close(ours, other, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(gathered.logps, reference_logps(hidden @ weight.T + bias, labels))
 
 
 class GatheredRows(TorchDispatchMode):
