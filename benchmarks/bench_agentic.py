@@ -147,7 +147,7 @@ def bench_rollout(recipe, sampler, repeats: int) -> dict:
 
     def paired(values: dict[str, list[float]]) -> float:
         pairs = zip(values["MultiTurnRollout"], values["hand-written"], strict=True)
-        return statistics.median(ours / theirs for ours, theirs in pairs)
+        return statistics.median(mine / other for mine, other in pairs)
 
     return {
         **{name: statistics.median(values) for name, values in rates.items()},

@@ -97,9 +97,8 @@ def test_the_openai_stream_arrives_token_by_token_through_serves_proxy(served):
     warm = stream_arrivals(client, request)  # the first stream pays one-time start-up costs
     assert len(warm) == STREAMED_TOKENS + 1
     arrivals, finishes = stream_arrivals(client, request, finishes=[])
-    assert (
-        len(arrivals) == STREAMED_TOKENS + 1 and finishes[-1] == "length"
-    )  # a chunk per token, the finish
+    # A chunk per token, then the finish.
+    assert len(arrivals) == STREAMED_TOKENS + 1 and finishes[-1] == "length"
     # Buffered by the proxy, the first chunk would come with the last, after a whole
     # completion's time.
     assert arrivals[0] < whole_s / 2, (whole_s, arrivals)
